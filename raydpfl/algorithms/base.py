@@ -1,0 +1,200 @@
+"""The algorithm interface: a server half and a client half, no Ray, no config.
+
+An algorithm is one plain object. Its *server half* runs inside `Server` (in-process
+or in the server actor): it selects a cohort, plans each client's task, aggregates
+results and updates its own server state. Its *client half* (`local_update`) runs
+inside a `ClientWorker`, which may be another process: it sees only the task, the
+broadcast parameters and the client's data, never the server state. Backends decide
+where clients run, never what they compute.
+
+Every privacy-relevant release is declared in the task (`ClientTask.privacy_cost`)
+before it happens, so the server can charge the client's ledger before dispatch.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from raydpfl.privacy.dpsgd import PerSampleGradients
+from raydpfl.privacy.ledger import PrivacyCost
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """What one client must do this round. Built by the server half, run by a worker.
+
+    Attributes:
+        client_id: The client.
+        round_idx: 0-based round.
+        local_steps: τ, the number of local optimisation steps.
+        lr: Local learning rate η.
+        sampling_rate: Poisson rate q of DP-SGD (None for non-private training).
+        clip_norm: Per-sample clip bound C (None for non-private training).
+        noise_multiplier: σ; noise std on the clipped sum is σ·C.
+        batch_size: Minibatch size for non-private training.
+        privacy_cost: The cost declared for the client's ledger; None means the task
+            releases nothing about the client's training records that needs accounting.
+        model_key: Which broadcast model the client starts from.
+        extras: Algorithm-specific scalars (λ, a global loss, a cluster id...).
+    """
+
+    client_id: int
+    round_idx: int
+    local_steps: int
+    lr: float
+    sampling_rate: float | None = None
+    clip_norm: float | None = None
+    noise_multiplier: float = 0.0
+    batch_size: int | None = None
+    privacy_cost: PrivacyCost | None = None
+    model_key: str = "global"
+    extras: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ClientResult:
+    """What a client sends back: its model update and aggregation weight."""
+
+    client_id: int
+    update: Params
+    weight: float
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ClientData:
+    """A client's records as a view into the worker's resident data pool.
+
+    `x` and `y` are the whole pool (shared by every client of the worker); `indices`
+    selects this client's records, so a batch gathers only the rows it samples.
+    """
+
+    client_id: int
+    x: torch.Tensor
+    y: torch.Tensor
+    indices: torch.Tensor
+
+    @property
+    def num_examples(self) -> int:
+        """|D_i|."""
+        return int(self.indices.numel())
+
+    def batch(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The records at `positions` (0-based within the client's data)."""
+        rows = self.indices[positions]
+        return self.x[rows], self.y[rows]
+
+
+@dataclass
+class ClientContext:
+    """The resident machinery a worker lends to `local_update`.
+
+    Attributes:
+        model: The worker's one resident model (used functionally; never trained in place).
+        per_sample: Per-sample gradient engine compiled once for that model.
+        generator: The client's RNG stream for this round (sampling and noise).
+        device: Where tensors live.
+    """
+
+    model: nn.Module
+    per_sample: PerSampleGradients
+    generator: torch.Generator
+    device: torch.device
+
+
+class WeightedUpdateSum:
+    """Running Σ w_k Δ_k and Σ w_k, the state of a weighted-mean aggregation.
+
+    Linear aggregations can be accumulated where the results are produced (inside a
+    worker) and merged, so one tensor per worker travels instead of one per client.
+    """
+
+    def __init__(self) -> None:
+        self.total: Params | None = None
+        self.weight = 0.0
+        self.count = 0
+
+    def add(self, update: Params, weight: float) -> None:
+        """Adds one client's update with its weight."""
+        if self.total is None:
+            self.total = {n: t.detach().clone().mul_(weight) for n, t in update.items()}
+        else:
+            for n, t in update.items():
+                self.total[n].add_(t, alpha=weight)
+        self.weight += weight
+        self.count += 1
+
+    def mean(self) -> Params | None:
+        """Σ w_k Δ_k / Σ w_k, or None if nothing was added."""
+        if self.total is None or self.weight <= 0:
+            return None
+        return {n: t / self.weight for n, t in self.total.items()}
+
+
+class Algorithm(abc.ABC):
+    """Server half + client half of a federated algorithm.
+
+    Subclasses set `name`, `is_private`, and implement the abstract methods. The
+    object is pickled to workers, so the client half must rely only on its arguments
+    and on hyperparameters fixed at construction.
+    """
+
+    name: ClassVar[str]
+    is_private: ClassVar[bool]
+
+    # ---- server half -------------------------------------------------------------
+    @abc.abstractmethod
+    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
+        """The cohort of this round, in ascending client-id order."""
+
+    @abc.abstractmethod
+    def plan(
+        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
+    ) -> list[ClientTask]:
+        """One task per cohort member; `train_sizes[i]` = |D_i|."""
+
+    @abc.abstractmethod
+    def aggregate(
+        self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
+    ) -> Params:
+        """The new global parameters from the results that arrived."""
+
+    def after_round(self, round_idx: int, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Hook for per-round optimisers (τ*, λ*, selection...); returns extra metrics."""
+        return {}
+
+    def unaccounted_releases(self) -> list[str]:
+        """Names of information this algorithm releases without privacy accounting."""
+        return []
+
+    # ---- client half -------------------------------------------------------------
+    @abc.abstractmethod
+    def local_update(
+        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
+    ) -> ClientResult:
+        """Trains from `params` (modified in place) on `data` and returns the update."""
+
+
+def uniform_cohort(num_clients: int, cohort_size: int, rng: np.random.Generator) -> list[int]:
+    """`cohort_size` distinct clients drawn uniformly without replacement, sorted.
+
+    Client selection is treated as public: the ledger charges each client only for the
+    rounds it takes part in, with no amplification claimed from client sampling.
+    """
+    chosen = rng.choice(num_clients, size=cohort_size, replace=False)
+    return sorted(int(c) for c in chosen)
+
+
+def parameter_delta(local: Params, start: Params) -> Params:
+    """local − start, per tensor."""
+    return {n: local[n] - start[n] for n in local}

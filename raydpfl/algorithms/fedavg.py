@@ -1,0 +1,108 @@
+"""FedAvg (McMahan et al., AISTATS 2017), non-private, and its weighted aggregation.
+
+Each round, `clients_per_round` clients drawn uniformly run `local_steps` minibatch
+SGD steps from the global model; the server replaces the global model by the
+data-size-weighted mean of the local models (Eq. 4 of ALI-DPFL, p_i = |D_i|/Σ|D|).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from raydpfl.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    ClientTask,
+    Params,
+    WeightedUpdateSum,
+    parameter_delta,
+    uniform_cohort,
+)
+
+
+def weighted_mean_aggregate(global_params: Params, results: Sequence[ClientResult]) -> Params:
+    """w ← w + Σ_k p_k Δ_k with p_k = weight_k / Σ weight (over the results that arrived).
+
+    A round in which no result arrived leaves the model unchanged.
+    """
+    acc = WeightedUpdateSum()
+    for r in results:
+        acc.add(r.update, r.weight)
+    mean = acc.mean()
+    if mean is None:
+        return {n: t.clone() for n, t in global_params.items()}
+    return {n: global_params[n] + mean[n] for n in global_params}
+
+
+class FedAvg(Algorithm):
+    """Non-private FedAvg with fixed local steps of minibatch SGD."""
+
+    name = "fedavg"
+    is_private = False
+
+    def __init__(
+        self, *, clients_per_round: int, local_steps: int, lr: float, batch_size: int
+    ) -> None:
+        self.clients_per_round = clients_per_round
+        self.local_steps = local_steps
+        self.lr = lr
+        self.batch_size = batch_size
+
+    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
+        return uniform_cohort(num_clients, self.clients_per_round, rng)
+
+    def plan(
+        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
+    ) -> list[ClientTask]:
+        return [
+            ClientTask(
+                client_id=c,
+                round_idx=round_idx,
+                local_steps=self.local_steps,
+                lr=self.lr,
+                batch_size=self.batch_size,
+            )
+            for c in cohort
+        ]
+
+    def aggregate(
+        self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
+    ) -> Params:
+        return weighted_mean_aggregate(global_params, results)
+
+    def local_update(
+        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
+    ) -> ClientResult:
+        start = {n: p.clone() for n, p in params.items()}
+        n = data.num_examples
+        batch = min(task.batch_size or n, n)
+        order = torch.randperm(n, generator=ctx.generator, device=ctx.generator.device)
+        cursor, loss_sum = 0, 0.0
+        for _ in range(task.local_steps):
+            # Batches walk through a per-round permutation, reshuffling at each epoch end.
+            if cursor + batch > n:
+                order = torch.randperm(n, generator=ctx.generator, device=ctx.generator.device)
+                cursor = 0
+            x, y = data.batch(order[cursor : cursor + batch])
+            cursor += batch
+            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            loss = F.cross_entropy(functional_call(ctx.model, leaves, (x,)), y)
+            grads = torch.autograd.grad(loss, list(leaves.values()))
+            with torch.no_grad():
+                for p, g in zip(params.values(), grads, strict=True):
+                    p.sub_(g, alpha=task.lr)
+            loss_sum += float(loss.detach())
+        return ClientResult(
+            client_id=task.client_id,
+            update=parameter_delta(params, start),
+            weight=float(n),
+            num_examples=n,
+            metrics={"train_loss": loss_sum / max(task.local_steps, 1)},
+        )

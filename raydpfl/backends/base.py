@@ -1,0 +1,41 @@
+"""The backend contract: where client tasks run, never what they compute.
+
+A backend runs a round's tasks and returns the results in the order of the tasks,
+whatever order they finished in, and evaluates parameters on clients' held-out data.
+`close()` releases only what the backend created and may be called more than once.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from raydpfl.algorithms.base import ClientResult, ClientTask
+from raydpfl.simulation.evaluation import EvalResult
+
+
+class Backend(abc.ABC):
+    """Runs client tasks on workers."""
+
+    @abc.abstractmethod
+    def run_tasks(
+        self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
+    ) -> list[ClientResult]:
+        """Runs every task from `global_params`; results in the order of `tasks`."""
+
+    @abc.abstractmethod
+    def evaluate_clients(
+        self, params: Mapping[str, torch.Tensor], client_ids: Sequence[int]
+    ) -> list[EvalResult]:
+        """Evaluates `params` on each client's test split; in the order of `client_ids`."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Releases what the backend created."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,336 @@
+"""`raydpfl` command line: run, validate, privacy, data.
+
+Bad input (config, arguments, missing dataset files) exits with status 2 and one line
+on stderr, before any training starts; nothing already on disk is overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NoReturn
+
+from raydpfl.config.schema import ConfigError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from raydpfl.data.datasets import DatasetNotFoundError, DownloadError
+
+    return (ConfigError, DatasetNotFoundError, DownloadError, FileExistsError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `raydpfl` console script."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except _user_errors() as e:
+        print(f"raydpfl: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(
+            "raydpfl: interrupted; finished rounds are kept in the run directory", file=sys.stderr
+        )
+        return 130
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return " ".join(text.split())
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="raydpfl", description="Differentially-private federated learning simulator.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run a simulation from a YAML config")
+    run.add_argument("config", help="path to the YAML config")
+    _add_set(run)
+    run.add_argument(
+        "--out",
+        help="run directory (must not exist or be empty); "
+        "default runtime.output/<name>-<utc time>",
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.set_defaults(handler=_cmd_run)
+
+    val = sub.add_parser("validate", help="check a config and print it resolved")
+    val.add_argument("config")
+    _add_set(val)
+    val.set_defaults(handler=_cmd_validate)
+
+    priv = sub.add_parser(
+        "privacy", help="privacy calculator for DP-SGD (Poisson subsampled Gaussian)"
+    )
+    psub = priv.add_subparsers(dest="question", required=True, parser_class=_Parser)
+    eps = psub.add_parser("epsilon", help="epsilon spent by `steps` steps of (sigma, q)")
+    _add_privacy_args(eps, sigma=True, steps=True)
+    eps.set_defaults(handler=_cmd_privacy_epsilon)
+    noise = psub.add_parser("noise", help="smallest sigma that keeps `steps` steps within epsilon")
+    _add_privacy_args(noise, epsilon=True, steps=True)
+    noise.set_defaults(handler=_cmd_privacy_noise)
+    steps = psub.add_parser("steps", help="most steps of (sigma, q) within epsilon")
+    _add_privacy_args(steps, epsilon=True, sigma=True)
+    steps.set_defaults(handler=_cmd_privacy_steps)
+
+    data = sub.add_parser("data", help="datasets: download files, partition statistics")
+    dsub = data.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    dl = dsub.add_parser("download", help="download a dataset and verify its checksums")
+    dl.add_argument("name", help="mnist, fashion_mnist, cifar10 or digits")
+    dl.add_argument(
+        "--root", help="target folder (default $RAYDPFL_DATA or ~/.cache/raydpfl/data)"
+    )
+    dl.set_defaults(handler=_cmd_data_download)
+    st = dsub.add_parser("stats", help="partition statistics of a config's federated dataset")
+    st.add_argument("config")
+    _add_set(st)
+    st.set_defaults(handler=_cmd_data_stats)
+    return p
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set privacy.epsilon=2 (repeatable)",
+    )
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _delta(text: str) -> float:
+    value = _positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _add_privacy_args(
+    p: argparse.ArgumentParser, *, epsilon: bool = False, sigma: bool = False, steps: bool = False
+) -> None:
+    from raydpfl.privacy.accountants import ACCOUNTANTS
+
+    if epsilon:
+        p.add_argument("--epsilon", type=_positive_float, required=True, help="target epsilon")
+    if sigma:
+        p.add_argument(
+            "--sigma",
+            "--noise-multiplier",
+            dest="sigma",
+            type=_positive_float,
+            required=True,
+            help="noise multiplier (noise std / clip norm)",
+        )
+    p.add_argument(
+        "--q", "--sampling-rate", dest="q", type=_rate, required=True, help="Poisson sampling rate"
+    )
+    if steps:
+        p.add_argument("--steps", type=_nonneg_int, required=True, help="number of DP-SGD steps")
+    p.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
+    p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp", help="default rdp (opacus)")
+
+
+# ---- handlers ---------------------------------------------------------------------------
+def _load(args: argparse.Namespace):
+    from raydpfl.config.load import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from raydpfl.config.load import dump_config
+
+    config = _load(args)
+    sys.stdout.write(dump_config(config))
+    print(f"# ok: {args.config} is valid", file=sys.stderr)
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.simulation.outputs import prepare_run_dir
+
+    config = _load(args)
+    run_dir = (
+        Path(args.out)
+        if args.out
+        else _default_run_dir(config.runtime.output, config.experiment.name)
+    )
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise FileExistsError(f"output directory {str(run_dir)!r} already exists and is not empty")
+    exp = build_experiment(config)
+    prepare_run_dir(run_dir)
+    progress = _Progress(
+        config.experiment.algorithm.rounds,
+        enabled=config.runtime.progress and not args.no_progress,
+    )
+    try:
+        summary = run_experiment(exp, run_dir, on_round=progress.update)
+    finally:
+        progress.close()
+    _print_summary(summary)
+    return 0
+
+
+def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
+    from raydpfl.privacy.accountants import compute_epsilon
+
+    eps = compute_epsilon([(args.sigma, args.q, args.steps)], args.delta, args.accountant)
+    print(
+        f"epsilon = {eps:.6g}  (sigma={args.sigma}, q={args.q}, steps={args.steps}, "
+        f"delta={args.delta:g}, accountant={args.accountant})"
+    )
+    return 0
+
+
+def _cmd_privacy_noise(args: argparse.Namespace) -> int:
+    from raydpfl.privacy.calibration import noise_multiplier_for
+
+    try:
+        sigma = noise_multiplier_for(args.epsilon, args.delta, args.q, args.steps, args.accountant)
+    except ValueError as e:
+        raise ConfigError("", str(e)) from None
+    print(
+        f"noise_multiplier = {sigma:.6g}  (epsilon<={args.epsilon}, q={args.q}, "
+        f"steps={args.steps}, delta={args.delta:g}, accountant={args.accountant})"
+    )
+    return 0
+
+
+def _cmd_privacy_steps(args: argparse.Namespace) -> int:
+    from raydpfl.privacy.calibration import max_steps_for
+
+    steps = max_steps_for(args.epsilon, args.delta, args.sigma, args.q, args.accountant)
+    print(
+        f"steps = {steps}  (epsilon<={args.epsilon}, sigma={args.sigma}, q={args.q}, "
+        f"delta={args.delta:g}, accountant={args.accountant})"
+    )
+    return 0
+
+
+def _cmd_data_download(args: argparse.Namespace) -> int:
+    from raydpfl.data.datasets import DATASETS, download_dataset
+
+    if args.name not in DATASETS:
+        raise ConfigError("name", f"unknown dataset {args.name!r}; allowed: {', '.join(DATASETS)}")
+    path = download_dataset(args.name, args.root)
+    print(f"{args.name}: ready in {path}")
+    return 0
+
+
+def _cmd_data_stats(args: argparse.Namespace) -> int:
+    from raydpfl.simulation.build import load_federated
+
+    config = _load(args)
+    ds = load_federated(config.experiment.data, config.runtime.seed)
+    print(
+        f"{ds.name}: {ds.num_clients} clients, {int(ds.train_sizes().sum())} train records, "
+        f"{len(ds.y_test)} central test records"
+    )
+    print(ds.stats().summary())
+    return 0
+
+
+# ---- output -----------------------------------------------------------------------------
+def _default_run_dir(output: str, name: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    base = Path(output) / f"{name}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+class _Progress:
+    """A tqdm bar over rounds showing accuracy and the largest ε spent."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="rounds", unit="round", dynamic_ncols=True)
+        self.last_acc = float("nan")
+
+    def update(self, row: Mapping[str, Any]) -> None:
+        if self.bar is None:
+            return
+        acc = row.get("test_accuracy", float("nan"))
+        if acc == acc:  # not NaN
+            self.last_acc = acc
+        eps = row.get("epsilon_max", float("inf"))
+        self.bar.set_postfix(
+            acc=f"{self.last_acc:.4f}", eps="inf" if eps == float("inf") else f"{eps:.3f}"
+        )
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _print_summary(summary: Mapping[str, Any]) -> None:
+    acc = summary.get("final_test_accuracy")
+    best = summary.get("best_test_accuracy")
+    line = [f"rounds {summary['rounds_completed']}/{summary['rounds_planned']}"]
+    if acc is not None:
+        line.append(f"final accuracy {acc:.4f} (best {best:.4f})")
+    if summary.get("private"):
+        line.append(
+            f"epsilon_max {summary['epsilon_max']:.4f} at delta {summary['delta']:g} "
+            f"({summary['accountant']})"
+        )
+    else:
+        line.append("non-private (epsilon = inf)")
+    print("; ".join(line))
+    if summary.get("stop_reason") != "completed all rounds":
+        print(f"stopped early: {summary['stop_reason']}")
+    if "run_dir" in summary:
+        print(f"outputs: {summary['run_dir']}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

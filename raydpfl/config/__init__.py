@@ -1,0 +1,32 @@
+"""The typed config tree, loaded strictly from YAML (see `schema` and `load`)."""
+
+from raydpfl.config.load import apply_override, config_from_dict, dump_config, load_config
+from raydpfl.config.schema import (
+    AlgorithmConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    ExperimentConfig,
+    ModelConfig,
+    PartitionConfig,
+    PrivacyConfig,
+    RuntimeConfig,
+    SyntheticConfig,
+)
+
+__all__ = [
+    "AlgorithmConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "ExperimentConfig",
+    "ModelConfig",
+    "PartitionConfig",
+    "PrivacyConfig",
+    "RuntimeConfig",
+    "SyntheticConfig",
+    "apply_override",
+    "config_from_dict",
+    "dump_config",
+    "load_config",
+]

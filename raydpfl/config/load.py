@@ -1,0 +1,181 @@
+"""Strict YAML loading, dotted overrides and dumping of the config tree.
+
+Loading is four steps: `yaml.safe_load` → apply ``a.b=value`` overrides (each value
+parsed as YAML) → strict conversion into the dataclass tree (unknown keys, missing
+required keys and wrong types are errors) → each dataclass validates its ranges.
+
+PyYAML reads ``1e-5`` as the *string* "1e-5" (YAML 1.1 wants a dot: ``1.0e-5``); the
+converter accepts numeric strings for float fields so configs behave as people expect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+from raydpfl.config.schema import Config, ConfigError
+
+T = TypeVar("T")
+
+#: Top-level sections of `experiment` that overrides may name without the prefix.
+_EXPERIMENT_KEYS = {f.name for f in dataclasses.fields(Config().experiment)}
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> Config:
+    """Reads a YAML config, applies dotted overrides and returns the validated tree.
+
+    Raises:
+        ConfigError: Unreadable file, bad YAML, unknown key, wrong type, bad value.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("", f"cannot read config {str(p)!r}: {e.strerror or e}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError("", f"{p}: invalid YAML{where}") from None
+    return config_from_dict(raw if raw is not None else {}, overrides)
+
+
+def config_from_dict(raw: Any, overrides: Iterable[str] = ()) -> Config:
+    """Builds the validated tree from a plain mapping plus dotted overrides."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("", "the config must be a mapping with keys experiment, runtime")
+    data = _deep_copy(raw)
+    for item in overrides:
+        apply_override(data, item)
+    return from_mapping(Config, data, "")
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Applies one ``dotted.key=value`` override in place; the value is parsed as YAML.
+
+    Paths may omit the ``experiment.`` prefix (``privacy.epsilon=2``).
+    """
+    if "=" not in item:
+        raise ConfigError("", f"override {item!r} must look like section.key=value")
+    key, _, text = item.partition("=")
+    parts = [k for k in key.strip().split(".") if k]
+    if not parts:
+        raise ConfigError("", f"override {item!r} names no key")
+    if parts[0] in _EXPERIMENT_KEYS:
+        parts = ["experiment", *parts]
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        raise ConfigError(".".join(parts), f"cannot parse override value {text!r}") from None
+    node = data
+    for depth, k in enumerate(parts[:-1]):
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(".".join(parts[: depth + 1]), "is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def dump_config(config: Config) -> str:
+    """The resolved config as YAML (loads back to an equal tree)."""
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+
+
+def from_mapping(cls: type[T], data: Any, path: str) -> T:
+    """Strictly converts a mapping into dataclass `cls`; errors carry the dotted path."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(path, f"must be a mapping, got {_type_name(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
+        raise ConfigError(where, f"unknown key; allowed here: {', '.join(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name in fields:
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], _join(path, name))
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise (e.under(path) if path else e) from None
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(path, "must not be null")
+        non_none = [a for a in args if a is not type(None)]
+        return _convert(non_none[0], value, path)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(
+                path, f"must be one of {', '.join(map(str, allowed))}; got {value!r}"
+            )
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_mapping(tp, value, path)
+    if value is None:
+        raise ConfigError(path, f"must be {_type_word(tp)}, got null")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(path, f"must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(path, f"must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(path, f"must be a string, got {value!r}")
+    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not user input
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _type_word(tp: Any) -> str:
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, str(tp)
+    )
+
+
+def _type_name(value: Any) -> str:
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value

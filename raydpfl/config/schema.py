@@ -1,0 +1,209 @@
+"""The one typed config tree: `Config(experiment, runtime)`.
+
+`experiment` says what is simulated (data, model, algorithm, privacy); `runtime` says
+how it is run (backend, workers, seed, output). The same experiment runs in-process or
+on a cluster by changing `runtime` alone. Every field is validated when the tree is
+built; a violation raises `ConfigError` naming the dotted field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown, of the wrong type or out of range.
+
+    Attributes:
+        field: Dotted path of the offending field (e.g. ``experiment.privacy.delta``).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+    def under(self, prefix: str) -> ConfigError:
+        """The same error with `prefix` prepended to its field path."""
+        path = f"{prefix}.{self.field}" if self.field else prefix
+        return ConfigError(path, self.message)
+
+
+def _check(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(name, message)
+
+
+DatasetName = Literal["synthetic", "mnist", "fashion_mnist", "cifar10", "digits"]
+PartitionKind = Literal["iid", "dirichlet", "shards"]
+AlgorithmName = Literal["fedavg", "dp_fedavg"]
+AccountantName = Literal["rdp", "prv", "dp_rdp", "pld"]
+BackendName = Literal["local"]
+DeviceName = Literal["cpu", "cuda", "auto"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionConfig:
+    """How a centralised dataset is split over clients (ignored for `synthetic`)."""
+
+    kind: PartitionKind = "dirichlet"
+    alpha: float = 0.5  # Dirichlet concentration; 0.5 is W1's (workloads.md)
+    shards_per_client: int = 2  # McMahan et al. 2017's pathological split
+    min_samples_per_client: int = 2
+
+    def __post_init__(self) -> None:
+        _check(self.alpha > 0, "alpha", f"must be > 0, got {self.alpha}")
+        _check(self.shards_per_client >= 1, "shards_per_client", "must be >= 1")
+        _check(self.min_samples_per_client >= 1, "min_samples_per_client", "must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticConfig:
+    """FedProx's Synthetic(α, β) generator (Li et al., MLSys 2020)."""
+
+    alpha: float = 1.0
+    beta: float = 1.0
+    iid: bool = False
+    num_features: int = 60
+    num_classes: int = 10
+    min_samples: int = 50
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.alpha >= 0, "alpha", f"must be >= 0, got {self.alpha}")
+        _check(self.beta >= 0, "beta", f"must be >= 0, got {self.beta}")
+        _check(self.num_features >= 1, "num_features", "must be >= 1")
+        _check(self.num_classes >= 2, "num_classes", "must be >= 2")
+        _check(self.min_samples >= 2, "min_samples", "must be >= 2")
+        _check(
+            self.max_samples is None or self.max_samples >= self.min_samples,
+            "max_samples",
+            f"must be null or >= min_samples ({self.min_samples})",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """The federated dataset."""
+
+    dataset: DatasetName = "synthetic"
+    root: str | None = None  # where dataset files live; default $RAYDPFL_DATA or ~/.cache
+    num_clients: int = 100
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    client_test_fraction: float = 0.2  # share of each client's records held out for its test
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    seed: int | None = None  # partition seed; null = derived from runtime.seed
+
+    def __post_init__(self) -> None:
+        _check(self.num_clients >= 1, "num_clients", f"must be >= 1, got {self.num_clients}")
+        _check(
+            0.0 <= self.client_test_fraction < 1.0,
+            "client_test_fraction",
+            f"must be in [0, 1), got {self.client_test_fraction}",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The model architecture (see `raydpfl.models`)."""
+
+    name: Literal["fedavg_cnn", "logreg", "mlp"] = "fedavg_cnn"
+    hidden: int = 200  # mlp only
+
+    def __post_init__(self) -> None:
+        _check(self.hidden >= 1, "hidden", "must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig:
+    """The federated algorithm and its round schedule."""
+
+    name: AlgorithmName = "dp_fedavg"
+    rounds: int = 20
+    clients_per_round: int = 10
+    local_steps: int = 5  # τ
+    lr: float = 0.1
+    batch_size: int = 32  # fedavg only; DP-SGD batches are Poisson with rate privacy.sampling_rate
+    eval_every: int = 1  # evaluate every k rounds (and always after the last)
+
+    def __post_init__(self) -> None:
+        _check(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
+        _check(self.clients_per_round >= 1, "clients_per_round", "must be >= 1")
+        _check(self.local_steps >= 1, "local_steps", f"must be >= 1, got {self.local_steps}")
+        _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        _check(self.batch_size >= 1, "batch_size", "must be >= 1")
+        _check(self.eval_every >= 1, "eval_every", "must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyConfig:
+    """Record-level DP per client: budget, DP-SGD parameters and the accountant."""
+
+    accountant: AccountantName = "rdp"
+    epsilon: float = 8.0  # each client's budget; a task that would exceed it is refused
+    delta: float = 1e-5
+    clip_norm: float = 1.0  # C
+    noise_multiplier: float | None = 1.0  # σ; null = calibrate to spend `epsilon` in all rounds
+    sampling_rate: float = 0.05  # q, Poisson
+
+    def __post_init__(self) -> None:
+        _check(self.epsilon > 0, "epsilon", f"must be > 0, got {self.epsilon}")
+        _check(0 < self.delta < 1, "delta", f"must be in (0, 1), got {self.delta}")
+        _check(self.clip_norm > 0, "clip_norm", f"must be > 0, got {self.clip_norm}")
+        _check(
+            self.noise_multiplier is None or self.noise_multiplier > 0,
+            "noise_multiplier",
+            f"must be > 0 or null (calibrate), got {self.noise_multiplier}",
+        )
+        _check(
+            0 < self.sampling_rate <= 1,
+            "sampling_rate",
+            f"must be in (0, 1], got {self.sampling_rate}",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    """What is simulated."""
+
+    name: str = "experiment"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name.strip()), "name", "must be a non-empty string")
+        _check(
+            self.algorithm.clients_per_round <= self.data.num_clients,
+            "algorithm.clients_per_round",
+            f"must be <= data.num_clients ({self.data.num_clients}), "
+            f"got {self.algorithm.clients_per_round}",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """How the simulation is run."""
+
+    backend: BackendName = "local"
+    workers: int = 1
+    seed: int = 0
+    output: str = "runs"  # parent folder of run directories
+    device: DeviceName = "cpu"
+    threads: int | None = None  # torch intra-op threads; null = torch's default
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
+        _check(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        _check(self.threads is None or self.threads >= 1, "threads", "must be null or >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """The whole config: `experiment` + `runtime`."""
+
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)

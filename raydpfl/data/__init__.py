@@ -1,0 +1,53 @@
+"""Datasets, partitioners and federated views for raydpfl (no Ray dependency)."""
+
+from raydpfl.data.datasets import (
+    DATASET_FILES,
+    DATASET_MD5,
+    DATASET_URLS,
+    DATASETS,
+    ArrayDataset,
+    DatasetNotFoundError,
+    DownloadError,
+    default_data_root,
+    download_dataset,
+    find_dataset_files,
+    load_dataset,
+    read_cifar10_binary,
+    read_idx,
+)
+from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
+from raydpfl.data.partition import (
+    PartitionStats,
+    partition_dirichlet,
+    partition_iid,
+    partition_shards,
+    partition_stats,
+    split_train_test,
+)
+from raydpfl.data.synthetic import make_synthetic
+
+__all__ = [
+    "DATASETS",
+    "DATASET_FILES",
+    "DATASET_MD5",
+    "DATASET_URLS",
+    "ArrayDataset",
+    "DatasetNotFoundError",
+    "DownloadError",
+    "FederatedDataset",
+    "PartitionStats",
+    "default_data_root",
+    "download_dataset",
+    "federate",
+    "find_dataset_files",
+    "load_dataset",
+    "make_synthetic",
+    "partition_dirichlet",
+    "partition_iid",
+    "partition_shards",
+    "partition_stats",
+    "read_cifar10_binary",
+    "read_idx",
+    "split_train_test",
+    "synthetic_federated",
+]

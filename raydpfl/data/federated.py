@@ -1,0 +1,233 @@
+"""Federated datasets: a pool of records plus per-client index arrays."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from raydpfl.data._checks import check_int, check_rng
+from raydpfl.data.datasets import ArrayDataset
+from raydpfl.data.partition import (
+    PartitionStats,
+    partition_dirichlet,
+    partition_iid,
+    partition_shards,
+    partition_stats,
+    split_train_test,
+)
+from raydpfl.data.synthetic import make_synthetic
+
+__all__ = ["FederatedDataset", "federate", "synthetic_federated"]
+
+_PARTITIONS = ("iid", "dirichlet", "shards")
+_SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True, eq=False)
+class FederatedDataset:
+    """Client data as index arrays into one shared pool, plus a central test set.
+
+    Index arrays (rather than per-client copies) keep memory flat however many
+    clients there are, and make the pool cheap to ship to workers once.
+
+    Attributes:
+        name: Source dataset name ("synthetic" for FedProx data).
+        num_classes: Number of classes; labels lie in [0, num_classes).
+        input_shape: Shape of one example.
+        x: float32 pool of every client record, shape (N, *input_shape).
+        y: int64 labels of the pool, shape (N,).
+        client_train: Per-client sorted int64 indices into `x` for local training.
+        client_test: Per-client sorted int64 indices into `x` for local evaluation.
+        x_test: float32 central held-out test inputs.
+        y_test: int64 central held-out test labels.
+    """
+
+    name: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    x: np.ndarray
+    y: np.ndarray
+    client_train: tuple[np.ndarray, ...]
+    client_test: tuple[np.ndarray, ...]
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.client_train) != len(self.client_test):
+            raise ValueError(
+                f"client_test must have one array per client ({len(self.client_train)}), "
+                f"got {len(self.client_test)}"
+            )
+        if len(self.x) != len(self.y) or len(self.x_test) != len(self.y_test):
+            raise ValueError("x/y and x_test/y_test must have matching lengths")
+
+    @property
+    def num_clients(self) -> int:
+        """Number of clients."""
+        return len(self.client_train)
+
+    def train_sizes(self) -> np.ndarray:
+        """Returns the int64 number of local training samples of each client."""
+        return np.array([len(idx) for idx in self.client_train], dtype=np.int64)
+
+    def client_arrays(self, client_id: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+        """Returns copies of one client's inputs and labels.
+
+        Args:
+            client_id: Client index in [0, num_clients).
+            split: "train" or "test".
+
+        Returns:
+            `(x, y)` fancy-indexed (hence copied) from the pool.
+
+        Raises:
+            ValueError: If `client_id` or `split` is out of range.
+        """
+        if split not in _SPLITS:
+            raise ValueError(f"split must be one of {_SPLITS}, got {split!r}")
+        valid_id = isinstance(client_id, numbers.Integral) and not isinstance(client_id, bool)
+        if not valid_id or not 0 <= client_id < self.num_clients:
+            raise ValueError(
+                f"client_id must be an integer in [0, {self.num_clients}), got {client_id!r}"
+            )
+        indices = (self.client_train if split == "train" else self.client_test)[client_id]
+        return self.x[indices], self.y[indices]
+
+    def stats(self) -> PartitionStats:
+        """Returns the label statistics of the clients' training splits."""
+        return partition_stats(self.y, self.client_train, self.num_classes)
+
+
+def federate(
+    dataset: ArrayDataset,
+    *,
+    num_clients: int,
+    partition: str,
+    rng: np.random.Generator,
+    alpha: float = 0.5,
+    shards_per_client: int = 2,
+    client_test_fraction: float = 0.2,
+    min_samples_per_client: int = 2,
+) -> FederatedDataset:
+    """Partitions a centralised training set among clients.
+
+    The pool is `dataset.x_train` itself (not copied); each client's share is split
+    into local train/test with `split_train_test`, and `dataset.x_test/y_test` becomes
+    the central test set.
+
+    Args:
+        dataset: The centralised dataset.
+        num_clients: Number of clients; in [1, len(dataset.x_train)].
+        partition: "iid", "dirichlet" or "shards".
+        rng: Source of randomness for both the partition and the local splits.
+        alpha: Dirichlet concentration (partition="dirichlet" only).
+        shards_per_client: Shards per client (partition="shards" only).
+        client_test_fraction: Fraction of each client's share held out locally, [0, 1).
+        min_samples_per_client: Minimum client share (partition="dirichlet" only).
+
+    Returns:
+        The `FederatedDataset`.
+
+    Raises:
+        ValueError: If `partition` is unknown or an argument is out of range.
+    """
+    if partition not in _PARTITIONS:
+        raise ValueError(f"partition must be one of {_PARTITIONS}, got {partition!r}")
+    num_clients = check_int("num_clients", num_clients, 1)
+    check_rng(rng)
+    num_samples = len(dataset.y_train)
+    if num_clients > num_samples:
+        raise ValueError(
+            f"num_clients ({num_clients}) must be <= the {num_samples} training samples "
+            f"of {dataset.name}"
+        )
+    if partition == "iid":
+        parts = partition_iid(num_samples, num_clients, rng)
+    elif partition == "dirichlet":
+        parts = partition_dirichlet(
+            dataset.y_train, num_clients, alpha, rng, min_samples_per_client
+        )
+    else:
+        parts = partition_shards(dataset.y_train, num_clients, shards_per_client, rng)
+    train, test = split_train_test(parts, client_test_fraction, rng)
+    return FederatedDataset(
+        name=dataset.name,
+        num_classes=dataset.num_classes,
+        input_shape=tuple(dataset.input_shape),
+        x=dataset.x_train,
+        y=dataset.y_train,
+        client_train=tuple(train),
+        client_test=tuple(test),
+        x_test=dataset.x_test,
+        y_test=dataset.y_test,
+    )
+
+
+def synthetic_federated(
+    *,
+    alpha: float,
+    beta: float,
+    num_clients: int,
+    rng: np.random.Generator,
+    iid: bool = False,
+    num_features: int = 60,
+    num_classes: int = 10,
+    min_samples: int = 50,
+    max_samples: int | None = None,
+    client_test_fraction: float = 0.2,
+) -> FederatedDataset:
+    """Builds a FedProx Synthetic(alpha, beta) federated dataset.
+
+    Each client's data comes from `make_synthetic` (see it for the generative model
+    and argument ranges) and is split locally with `split_train_test`. There is no
+    separate central distribution, so the central test set is the union of the client
+    test splits (x_test = x[concat(client_test)]).
+
+    Args:
+        alpha: Variance of the per-client model mean; >= 0.
+        beta: Variance of the per-client feature mean; >= 0.
+        num_clients: Number of clients; >= 1.
+        rng: Source of randomness for generation and local splits.
+        iid: Generate Synthetic-IID instead.
+        num_features: Feature dimension.
+        num_classes: Number of classes.
+        min_samples: Offset of the per-client sample count.
+        max_samples: Optional cap on samples per client.
+        client_test_fraction: Fraction of each client held out locally, in [0, 1).
+
+    Returns:
+        The `FederatedDataset`, named "synthetic", with input_shape (num_features,).
+
+    Raises:
+        ValueError: If an argument is out of range.
+    """
+    clients = make_synthetic(
+        alpha,
+        beta,
+        num_clients,
+        rng,
+        num_features=num_features,
+        num_classes=num_classes,
+        iid=iid,
+        min_samples=min_samples,
+        max_samples=max_samples,
+    )
+    offsets = np.cumsum([0] + [len(y) for _, y in clients])
+    parts = [np.arange(offsets[k], offsets[k + 1], dtype=np.int64) for k in range(num_clients)]
+    train, test = split_train_test(parts, client_test_fraction, rng)
+    x = np.concatenate([cx for cx, _ in clients])
+    y = np.concatenate([cy for _, cy in clients])
+    test_idx = np.concatenate(test)
+    return FederatedDataset(
+        name="synthetic",
+        num_classes=int(num_classes),
+        input_shape=(int(num_features),),
+        x=x,
+        y=y,
+        client_train=tuple(train),
+        client_test=tuple(test),
+        x_test=x[test_idx],
+        y_test=y[test_idx],
+    )

@@ -1,0 +1,326 @@
+"""Splitting a centralised dataset among federated clients.
+
+Every partitioner returns one sorted int64 index array per client; the arrays are
+disjoint and hold only indices into the input. All randomness comes from the
+`numpy.random.Generator` passed in, so equal seeds give equal partitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raydpfl.data._checks import check_int, check_labels, check_nonnegative, check_rng
+
+__all__ = [
+    "PartitionStats",
+    "partition_dirichlet",
+    "partition_iid",
+    "partition_shards",
+    "partition_stats",
+    "split_train_test",
+]
+
+_DIRICHLET_MAX_TRIES = 1000
+_SUMMARY_MAX_CLIENT_ROWS = 10
+
+
+def _sorted_parts(parts: Sequence[np.ndarray]) -> list[np.ndarray]:
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def _check_clients_fit(num_clients: int, num_samples: int) -> None:
+    if num_clients > num_samples:
+        raise ValueError(
+            f"num_clients ({num_clients}) must be <= the number of samples ({num_samples})"
+        )
+
+
+def partition_iid(
+    num_samples: int, num_clients: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Shuffles all indices and splits them as evenly as possible.
+
+    Args:
+        num_samples: Number of samples to distribute; >= num_clients.
+        num_clients: Number of clients; >= 1.
+        rng: Source of randomness.
+
+    Returns:
+        `num_clients` sorted int64 index arrays covering range(num_samples) exactly
+        once; sizes differ by at most 1.
+
+    Raises:
+        ValueError: If an argument is out of range.
+    """
+    num_samples = check_int("num_samples", num_samples, 0)
+    num_clients = check_int("num_clients", num_clients, 1)
+    check_rng(rng)
+    _check_clients_fit(num_clients, num_samples)
+    return _sorted_parts(np.array_split(rng.permutation(num_samples), num_clients))
+
+
+def _dirichlet_draw(
+    by_class: list[np.ndarray], num_clients: int, alpha: float, rng: np.random.Generator
+) -> list[np.ndarray]:
+    shares: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for members in by_class:
+        members = rng.permutation(members)
+        proportions = rng.dirichlet(np.full(num_clients, alpha))
+        # Clip guards against a cumulative sum that rounds a hair above 1.
+        cuts = np.clip(np.cumsum(proportions)[:-1] * len(members), 0, len(members))
+        cuts = cuts.astype(np.int64)
+        for client, chunk in enumerate(np.split(members, cuts)):
+            shares[client].append(chunk)
+    return [np.concatenate(s) if s else np.empty(0, np.int64) for s in shares]
+
+
+def partition_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_samples_per_client: int = 2,
+) -> list[np.ndarray]:
+    """Label-skewed partition with per-class Dirichlet proportions.
+
+    The scheme of Hsu et al. (2019) as used in FL benchmarks: for each class, draw
+    p ~ Dir(alpha * 1_K) over the K clients and split that class's shuffled indices at
+    the cumulative proportions. The whole draw is repeated (continuing the same rng) up
+    to 1000 times until every client holds at least `min_samples_per_client` samples.
+    Small alpha (e.g. 0.1) gives each client few classes; large alpha (e.g. 100)
+    approaches an IID split.
+
+    Args:
+        labels: 1-D non-negative integer class labels; its length is the sample count.
+        num_clients: Number of clients; >= 1.
+        alpha: Dirichlet concentration; > 0.
+        rng: Source of randomness.
+        min_samples_per_client: Minimum client size to accept a draw; >= 0.
+
+    Returns:
+        `num_clients` sorted int64 index arrays covering every sample exactly once.
+
+    Raises:
+        ValueError: If an argument is out of range or no draw within 1000 tries meets
+            `min_samples_per_client`.
+    """
+    labels = check_labels(labels)
+    num_clients = check_int("num_clients", num_clients, 1)
+    alpha = check_nonnegative("alpha", alpha)
+    if alpha == 0:
+        raise ValueError("alpha must be a finite real number > 0, got 0")
+    check_rng(rng)
+    min_samples_per_client = check_int("min_samples_per_client", min_samples_per_client, 0)
+    _check_clients_fit(num_clients, len(labels))
+    if num_clients * min_samples_per_client > len(labels):
+        raise ValueError(
+            f"min_samples_per_client ({min_samples_per_client}) x num_clients "
+            f"({num_clients}) exceeds the {len(labels)} samples; lower either"
+        )
+    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    for _ in range(_DIRICHLET_MAX_TRIES):
+        parts = _dirichlet_draw(by_class, num_clients, alpha, rng)
+        if min(len(p) for p in parts) >= min_samples_per_client:
+            return _sorted_parts(parts)
+    raise ValueError(
+        f"partition_dirichlet: no draw in {_DIRICHLET_MAX_TRIES} tries gave every client "
+        f">= {min_samples_per_client} samples; increase alpha, lower num_clients or "
+        "lower min_samples_per_client"
+    )
+
+
+def partition_shards(
+    labels: np.ndarray,
+    num_clients: int,
+    shards_per_client: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """Pathological non-IID partition of McMahan et al. (2017).
+
+    Samples are sorted by label (ties broken by a random shuffle), cut into
+    num_clients * shards_per_client contiguous shards of equal size (sizes differ by at
+    most 1 when the count does not divide evenly, so every sample is used) and the
+    shards are dealt to clients at random. A client therefore sees at most
+    `shards_per_client` labels whenever class sizes are multiples of the shard size; a
+    shard may straddle two labels otherwise.
+
+    Args:
+        labels: 1-D non-negative integer class labels; its length is the sample count.
+        num_clients: Number of clients; >= 1.
+        shards_per_client: Shards per client; >= 1.
+        rng: Source of randomness.
+
+    Returns:
+        `num_clients` sorted int64 index arrays covering every sample exactly once.
+
+    Raises:
+        ValueError: If an argument is out of range or there are fewer samples than
+            shards.
+    """
+    labels = check_labels(labels)
+    num_clients = check_int("num_clients", num_clients, 1)
+    shards_per_client = check_int("shards_per_client", shards_per_client, 1)
+    check_rng(rng)
+    num_shards = num_clients * shards_per_client
+    if len(labels) < num_shards:
+        raise ValueError(
+            f"num_clients x shards_per_client ({num_shards} shards) exceeds the "
+            f"{len(labels)} samples; lower num_clients or shards_per_client"
+        )
+    shuffled = rng.permutation(len(labels))
+    order = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    shards = np.array_split(order, num_shards)
+    deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    return _sorted_parts([np.concatenate([shards[s] for s in row]) for row in deal])
+
+
+def split_train_test(
+    parts: Sequence[np.ndarray], test_fraction: float, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Randomly splits each client's indices into a train and a test part.
+
+    A client gets round(test_fraction * n) test samples (halves rounded up), clamped
+    so that any client with n >= 2 keeps at least one train and, when
+    test_fraction > 0, at least one test sample. A client with a single sample keeps it
+    for training.
+
+    Args:
+        parts: One 1-D integer index array per client.
+        test_fraction: Fraction held out per client, in [0, 1).
+        rng: Source of randomness.
+
+    Returns:
+        `(train_parts, test_parts)`, lists of sorted int64 arrays aligned with `parts`;
+        with test_fraction == 0 every test array is empty.
+
+    Raises:
+        ValueError: If `test_fraction` is outside [0, 1) or a part is not a 1-D integer
+            array.
+    """
+    test_fraction = check_nonnegative("test_fraction", test_fraction)
+    if test_fraction >= 1:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
+    check_rng(rng)
+    train_parts, test_parts = [], []
+    for client, part in enumerate(parts):
+        indices = np.asarray(part)
+        is_integer = np.issubdtype(indices.dtype, np.integer) or indices.size == 0
+        if indices.ndim != 1 or not is_integer:
+            raise ValueError(f"parts[{client}] must be a 1-D integer index array")
+        n = len(indices)
+        n_test = int(np.floor(test_fraction * n + 0.5))
+        if test_fraction > 0 and n >= 2:
+            n_test = min(max(n_test, 1), n - 1)
+        elif n < 2:
+            n_test = 0
+        shuffled = rng.permutation(indices.astype(np.int64))
+        test_parts.append(np.sort(shuffled[:n_test]))
+        train_parts.append(np.sort(shuffled[n_test:]))
+    return train_parts, test_parts
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionStats:
+    """Per-client label counts of a partition and summary figures.
+
+    Attributes:
+        counts: (num_clients, num_classes) int64 matrix of label counts.
+        sizes: (num_clients,) int64 client sizes.
+        min_size: Smallest client size.
+        median_size: Median client size.
+        max_size: Largest client size.
+        mean_classes_per_client: Mean number of distinct labels per client.
+    """
+
+    counts: np.ndarray
+    sizes: np.ndarray
+    min_size: int
+    median_size: float
+    max_size: int
+    mean_classes_per_client: float
+
+    @property
+    def num_clients(self) -> int:
+        """Number of clients."""
+        return int(self.counts.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes."""
+        return int(self.counts.shape[1])
+
+    def summary(self) -> str:
+        """Returns a short table; per-client rows only when there are few clients."""
+        classes = (self.counts > 0).sum(axis=1)
+        lines = [
+            f"{self.num_clients} clients, {int(self.sizes.sum())} samples, "
+            f"{self.num_classes} classes",
+            f"{'':<18}{'min':>8} {'median':>8} {'max':>8} {'mean':>8}",
+            f"{'samples/client':<18}{self.min_size:>8} {self.median_size:>8.1f} "
+            f"{self.max_size:>8} {float(self.sizes.mean()):>8.1f}",
+            f"{'classes/client':<18}{int(classes.min()):>8} "
+            f"{float(np.median(classes)):>8.1f} {int(classes.max()):>8} "
+            f"{self.mean_classes_per_client:>8.2f}",
+        ]
+        if self.num_clients <= _SUMMARY_MAX_CLIENT_ROWS:
+            for client in range(self.num_clients):
+                counts = " ".join(str(int(c)) for c in self.counts[client])
+                lines.append(f"client {client:<4} n={int(self.sizes[client]):<7} [{counts}]")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns a JSON-serialisable dict (plain Python ints, floats and lists)."""
+        return {
+            "num_clients": self.num_clients,
+            "num_classes": self.num_classes,
+            "counts": self.counts.tolist(),
+            "sizes": self.sizes.tolist(),
+            "min_size": self.min_size,
+            "median_size": self.median_size,
+            "max_size": self.max_size,
+            "mean_classes_per_client": self.mean_classes_per_client,
+        }
+
+
+def partition_stats(
+    labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int
+) -> PartitionStats:
+    """Counts the labels held by each client.
+
+    Args:
+        labels: 1-D integer labels in [0, num_classes) that `parts` index into.
+        parts: One 1-D integer index array per client; at least one.
+        num_classes: Number of classes; >= 1.
+
+    Returns:
+        The `PartitionStats` of the partition.
+
+    Raises:
+        ValueError: If `parts` is empty, an index is out of range or a label is
+            >= num_classes.
+    """
+    labels = check_labels(labels)
+    num_classes = check_int("num_classes", num_classes, 1)
+    if len(parts) == 0:
+        raise ValueError("parts must hold at least one client index array")
+    if labels.size and labels.max() >= num_classes:
+        raise ValueError(f"labels must be < num_classes ({num_classes}), got {labels.max()}")
+    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
+    for client, part in enumerate(parts):
+        indices = np.asarray(part, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(labels)):
+            raise ValueError(f"parts[{client}] has indices outside [0, {len(labels)})")
+        counts[client] = np.bincount(labels[indices], minlength=num_classes)
+    sizes = counts.sum(axis=1)
+    return PartitionStats(
+        counts=counts,
+        sizes=sizes,
+        min_size=int(sizes.min()),
+        median_size=float(np.median(sizes)),
+        max_size=int(sizes.max()),
+        mean_classes_per_client=float((counts > 0).sum(axis=1).mean()),
+    )

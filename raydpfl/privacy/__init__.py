@@ -1,0 +1,1 @@
+"""Privacy: DP-SGD primitives, accountants, calibration and the per-client ledger (no Ray)."""

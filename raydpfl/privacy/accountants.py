@@ -1,0 +1,441 @@
+"""Privacy accountants for the Poisson-subsampled Gaussian mechanism.
+
+Mechanism. One DP-SGD step on a dataset ``D`` draws a Poisson sample (each
+record independently with probability ``q``), clips every per-record gradient
+to L2 norm ``C`` and releases ``sum_i clip(g_i) + N(0, (sigma * C)^2 I)``.
+Under the add/remove-one-record neighbouring relation the clipped sum has L2
+sensitivity ``C``, so one step is the Poisson-subsampled Gaussian mechanism
+``M_{q, sigma}`` with noise multiplier ``sigma`` (noise std / sensitivity).
+
+History. A *history* is a sequence of ``(noise_multiplier, sampling_rate,
+steps)`` triples; it denotes the adaptive composition
+``M_{q_1, sigma_1}^{(T_1)} o M_{q_2, sigma_2}^{(T_2)} o ...``.
+:func:`compute_epsilon` returns an ``epsilon`` such that the composition is
+``(epsilon, delta)``-DP for the requested ``delta``.
+
+Accountants (all with add/remove-one adjacency):
+
+* ``"rdp"``: opacus' Renyi-DP analysis (Mironov et al. 2019) at opacus' default
+  orders ``alpha in {1.1, 1.2, ..., 10.9, 12, ..., 63}``; RDP adds under
+  composition and is converted with Balle et al. 2020, Thm. 21. Upper bound.
+* ``"prv"``: opacus' PRV accountant (Gopi et al. 2021), numerical composition
+  of privacy-loss random variables via FFT, ``eps_error = 0.01``,
+  ``delta_error = delta / 1000``; returns the certified upper end. Falls back
+  to ``"rdp"`` when PRV is unreliable (see :func:`compute_epsilon`).
+* ``"dp_rdp"``: dp_accounting's ``RdpAccountant`` (default orders up to 1024)
+  composing ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``.
+* ``"pld"``: dp_accounting's ``PLDAccountant`` (privacy-loss distributions,
+  pessimistic discretisation with interval 1e-4) on the same events.
+
+Results are memoised per (normalised history, delta, accountant) so that many
+privacy units (clients) sharing a history cost one computation.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import math
+import numbers
+import types
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ACCOUNTANTS",
+    "OPACUS_DEFAULT_ALPHAS",
+    "PRV_MAX_DOMAIN_POINTS",
+    "PRV_MAX_LOSS",
+    "HistoryEntry",
+    "cache_info",
+    "clear_cache",
+    "compute_epsilon",
+    "describe_accountant",
+    "merge_history",
+    "normalize_history",
+    "validate_accountant",
+    "validate_delta",
+]
+
+ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv", "dp_rdp", "pld")
+
+HistoryEntry = tuple[float, float, int]
+"""``(noise_multiplier, sampling_rate, steps)``."""
+
+#: PRV settings (opacus defaults for ``PRVAccountant.get_epsilon``).
+PRV_EPS_ERROR: float = 0.01
+PRV_DELTA_ERROR_FRACTION: float = 1e-3
+
+#: PRV is skipped (RDP bound returned) when the privacy-loss domain half-width
+#: ``L`` that opacus would discretise exceeds this: the PRV formulas evaluate
+#: ``exp(t)`` on ``[-L, L]`` and overflow/NaN near ``t ~ 709`` (opacus #601).
+PRV_MAX_LOSS: float = 300.0
+#: PRV is skipped when its FFT grid would exceed this many points (time/memory).
+PRV_MAX_DOMAIN_POINTS: int = 2**22
+
+_CACHE_SIZE = 2**16
+
+
+# --------------------------------------------------------------------------- #
+# Validation / normalisation
+# --------------------------------------------------------------------------- #
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def validate_accountant(accountant: str) -> str:
+    """Returns ``accountant`` if it is one of :data:`ACCOUNTANTS`.
+
+    Raises:
+        ValueError: If ``accountant`` is unknown.
+    """
+    if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    return accountant
+
+
+def validate_delta(delta: float) -> float:
+    """Returns ``delta`` as a float if ``0 < delta < 1``.
+
+    Raises:
+        ValueError: If ``delta`` is not a real number in the open interval (0, 1).
+    """
+    if not _is_real(delta) or not 0.0 < float(delta) < 1.0:
+        raise ValueError(f"delta must be a real number in (0, 1), got {delta!r}")
+    return float(delta)
+
+
+def _validate_entry(entry: object, where: str) -> HistoryEntry:
+    try:
+        sigma, q, steps = entry  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{where} must be a (noise_multiplier, sampling_rate, steps) triple, got {entry!r}"
+        ) from None
+    if not _is_real(sigma) or not math.isfinite(float(sigma)) or float(sigma) < 0.0:
+        raise ValueError(f"{where}: noise_multiplier must be a finite real >= 0, got {sigma!r}")
+    if not _is_real(q) or not 0.0 <= float(q) <= 1.0:
+        raise ValueError(f"{where}: sampling_rate must be a real in [0, 1], got {q!r}")
+    if not _is_int(steps) or int(steps) < 0:
+        raise ValueError(f"{where}: steps must be an int >= 0, got {steps!r}")
+    return float(sigma), float(q), int(steps)
+
+
+def merge_history(history: Iterable[HistoryEntry]) -> tuple[HistoryEntry, ...]:
+    """Merges consecutive entries with identical ``(sigma, q)`` by summing steps.
+
+    ``M^{(a)} o M^{(b)} = M^{(a+b)}`` for the same mechanism ``M``, and every
+    accountant here composes per-entry quantities additively (RDP vectors,
+    PLD/PRV self-convolutions), so merging does not change the result (up to
+    floating-point rounding); it only makes the computation and the cache key
+    smaller. Entries with ``steps == 0`` or ``q == 0`` are dropped beforehand:
+    they are the identity mechanism (no record is ever touched).
+
+    Args:
+        history: Already-validated ``(sigma, q, steps)`` triples.
+
+    Returns:
+        The merged history as a tuple of triples.
+    """
+    merged: list[HistoryEntry] = []
+    for sigma, q, steps in history:
+        if steps == 0 or q == 0.0:
+            continue
+        if merged and merged[-1][0] == sigma and merged[-1][1] == q:
+            merged[-1] = (sigma, q, merged[-1][2] + steps)
+        else:
+            merged.append((sigma, q, steps))
+    return tuple(merged)
+
+
+def normalize_history(history: Iterable[Sequence[float]]) -> tuple[HistoryEntry, ...]:
+    """Validates a history and returns its merged, hashable normal form.
+
+    Args:
+        history: Iterable of ``(noise_multiplier, sampling_rate, steps)`` with
+            ``noise_multiplier >= 0`` (finite), ``sampling_rate in [0, 1]`` and
+            integer ``steps >= 0``.
+
+    Returns:
+        Tuple of ``(float, float, int)`` triples, see :func:`merge_history`.
+
+    Raises:
+        ValueError: If ``history`` or any entry is malformed.
+    """
+    if isinstance(history, (str, bytes)) or not isinstance(history, Iterable):
+        raise ValueError(f"history must be an iterable of triples, got {type(history).__name__}")
+    entries = [_validate_entry(e, f"history[{i}]") for i, e in enumerate(history)]
+    return merge_history(entries)
+
+
+# --------------------------------------------------------------------------- #
+# Descriptions
+# --------------------------------------------------------------------------- #
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+        return "unknown"
+
+
+def describe_accountant(name: str) -> str:
+    """Human-readable, versioned description of an accountant (for run metadata).
+
+    Args:
+        name: One of :data:`ACCOUNTANTS`.
+
+    Returns:
+        E.g. ``"opacus 1.6.0 RDP (alphas 1.1..63)"``.
+
+    Raises:
+        ValueError: If ``name`` is unknown.
+    """
+    validate_accountant(name)
+    if name == "rdp":
+        a = _opacus_alphas()
+        return f"opacus {_version('opacus')} RDP (alphas {min(a):g}..{max(a):g})"
+    if name == "prv":
+        return (
+            f"opacus {_version('opacus')} PRV (eps_error {PRV_EPS_ERROR:g}, "
+            f"delta_error delta*{PRV_DELTA_ERROR_FRACTION:g}; RDP fallback)"
+        )
+    if name == "dp_rdp":
+        o = _dp_rdp_orders()
+        return f"dp-accounting {_version('dp-accounting')} RDP (orders {min(o):g}..{max(o):g})"
+    return f"dp-accounting {_version('dp-accounting')} PLD (interval 1e-4, pessimistic)"
+
+
+# --------------------------------------------------------------------------- #
+# opacus RDP
+# --------------------------------------------------------------------------- #
+#: opacus' ``RDPAccountant.DEFAULT_ALPHAS`` (pinned by a test).
+OPACUS_DEFAULT_ALPHAS: tuple[float, ...] = tuple(
+    [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+)
+
+
+def _opacus_alphas() -> tuple[float, ...]:
+    return OPACUS_DEFAULT_ALPHAS
+
+
+def _opacus_rdp_analysis() -> types.ModuleType:
+    """opacus' RDP analysis module (imported lazily: importing opacus imports torch)."""
+    from opacus.accountants.analysis import rdp
+
+    return rdp
+
+
+@functools.lru_cache(maxsize=4096)
+def _opacus_rdp_per_step(sigma: float, q: float) -> np.ndarray:
+    vec = np.asarray(
+        _opacus_rdp_analysis().compute_rdp(
+            q=q, noise_multiplier=sigma, steps=1, orders=list(_opacus_alphas())
+        ),
+        dtype=np.float64,
+    )
+    vec.setflags(write=False)
+    return vec
+
+
+def _opacus_rdp_total(history: tuple[HistoryEntry, ...]) -> np.ndarray:
+    # Same arithmetic as opacus' RDPAccountant: sum_i steps_i * rdp_1(sigma_i, q_i).
+    return sum(_opacus_rdp_per_step(s, q) * n for s, q, n in history)  # type: ignore[return-value]
+
+
+def _opacus_eps_from_rdp(rdp: np.ndarray, delta: float) -> float:
+    eps, _ = _opacus_rdp_analysis().get_privacy_spent(
+        orders=list(_opacus_alphas()), rdp=rdp, delta=delta
+    )
+    return float(eps)
+
+
+def _eps_rdp(history: tuple[HistoryEntry, ...], delta: float) -> float:
+    return _opacus_eps_from_rdp(_opacus_rdp_total(history), delta)
+
+
+# --------------------------------------------------------------------------- #
+# opacus PRV (with RDP fallback)
+# --------------------------------------------------------------------------- #
+def _prv_domain(history: tuple[HistoryEntry, ...], delta: float) -> tuple[float, float]:
+    """Half-width ``L`` and point count of the grid opacus' PRVAccountant would use.
+
+    Mirrors ``opacus.accountants.analysis.prv.compute_safe_domain_size`` and
+    ``PRVAccountant._get_domain`` using the cached per-step RDP vectors.
+    """
+    delta_error = delta * PRV_DELTA_ERROR_FRACTION
+    total = sum(n for _, _, n in history)
+    l_max = _opacus_eps_from_rdp(_opacus_rdp_total(history), delta_error / 4)
+    for sigma, q, _ in history:
+        l_max = max(
+            l_max,
+            _opacus_eps_from_rdp(_opacus_rdp_per_step(sigma, q), delta_error / (8 * total)),
+        )
+    half_width = max(l_max, PRV_EPS_ERROR) + 3
+    mesh = PRV_EPS_ERROR / math.sqrt(total * math.log(12 / delta_error) / 2)
+    return half_width, 2 * half_width / mesh
+
+
+def _eps_prv(history: tuple[HistoryEntry, ...], delta: float) -> float:
+    eps_rdp = _eps_rdp(history, delta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half_width, points = _prv_domain(history, delta)
+    if not (half_width <= PRV_MAX_LOSS and points <= PRV_MAX_DOMAIN_POINTS):
+        warnings.warn(
+            "PRV accountant unreliable for this (very weak) composed mechanism; "
+            "returning the RDP upper bound instead",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return eps_rdp
+    from opacus.accountants import PRVAccountant
+
+    accountant = PRVAccountant()
+    accountant.history = [tuple(e) for e in history]
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            eps_prv = float(
+                accountant.get_epsilon(
+                    delta,
+                    eps_error=PRV_EPS_ERROR,
+                    delta_error=delta * PRV_DELTA_ERROR_FRACTION,
+                )
+            )
+    except Exception:  # any numerical failure (#601) -> conservative RDP fallback
+        eps_prv = math.nan
+    if not math.isfinite(eps_prv):
+        warnings.warn(
+            "PRV accountant failed numerically; returning the RDP upper bound instead",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return eps_rdp
+    # Both are valid upper bounds on the true epsilon, hence so is their minimum.
+    return min(eps_prv, eps_rdp)
+
+
+# --------------------------------------------------------------------------- #
+# dp_accounting RDP and PLD
+# --------------------------------------------------------------------------- #
+def _event(sigma: float, q: float) -> Any:
+    """``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``."""
+    import dp_accounting
+
+    return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+
+
+@functools.cache
+def _dp_rdp_orders() -> tuple[float, ...]:
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    return tuple(float(o) for o in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dp_rdp_per_step(sigma: float, q: float) -> np.ndarray:
+    from dp_accounting.rdp import RdpAccountant
+
+    accountant = RdpAccountant()
+    accountant.compose(_event(sigma, q), 1)
+    vec = accountant.rdp
+    vec.setflags(write=False)
+    return vec
+
+
+def _eps_dp_rdp(history: tuple[HistoryEntry, ...], delta: float) -> float:
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    # Same arithmetic as RdpAccountant.compose(event, steps) for every entry.
+    rdp = np.zeros(len(_dp_rdp_orders()), dtype=np.float64)
+    for sigma, q, n in history:
+        rdp += n * _dp_rdp_per_step(sigma, q)
+    eps, _ = rdp_privacy_accountant.compute_epsilon(np.array(_dp_rdp_orders()), rdp, delta)
+    return float(eps)
+
+
+def _eps_pld(history: tuple[HistoryEntry, ...], delta: float) -> float:
+    from dp_accounting import pld
+
+    accountant = pld.PLDAccountant()
+    for sigma, q, n in history:
+        accountant.compose(_event(sigma, q), n)
+    return float(accountant.get_epsilon(delta))
+
+
+_BACKENDS = {"rdp": _eps_rdp, "prv": _eps_prv, "dp_rdp": _eps_dp_rdp, "pld": _eps_pld}
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _compute_epsilon_cached(
+    history: tuple[HistoryEntry, ...], delta: float, accountant: str
+) -> float:
+    if not history:
+        return 0.0
+    if any(sigma == 0.0 for sigma, _, _ in history):
+        return math.inf
+    eps = _BACKENDS[accountant](history, delta)
+    if math.isnan(eps):
+        return math.inf
+    return max(0.0, eps)  # opacus #585: conversions can return tiny negatives.
+
+
+def compute_epsilon(
+    history: Iterable[Sequence[float]], delta: float, accountant: str = "rdp"
+) -> float:
+    """Epsilon of a composition of Poisson-subsampled Gaussian mechanisms.
+
+    Each entry ``(sigma, q, T)`` is ``T`` steps of the mechanism
+    ``D -> sum_{x in S} f(x) + N(0, sigma^2 C^2 I)`` with ``S`` a Poisson(q)
+    subsample of ``D`` and ``||f(x)||_2 <= C`` (L2 sensitivity ``C`` under the
+    add/remove-one-record relation). The returned ``epsilon`` makes the whole
+    (adaptive) composition ``(epsilon, delta)``-DP w.r.t. that relation.
+
+    Conventions: entries with ``T == 0`` or ``q == 0`` contribute nothing; an
+    empty history gives ``0.0``; any entry with ``sigma == 0`` (and ``q > 0``,
+    ``T > 0``) gives ``math.inf``. Negative library outputs are clamped to 0.
+    Consecutive entries with equal ``(sigma, q)`` are merged first (this does
+    not change the result, see :func:`merge_history`).
+
+    ``"prv"`` caveat: opacus' PRV accountant can overflow, return ``inf``/NaN,
+    raise, or take very long for weak mechanisms (huge epsilon; opacus #601).
+    If the discretisation domain it would need has half-width
+    > :data:`PRV_MAX_LOSS` or more than :data:`PRV_MAX_DOMAIN_POINTS` points, or
+    if PRV fails, the opacus RDP value (a valid upper bound) is returned
+    instead with a ``RuntimeWarning``. Otherwise ``min(PRV upper bound, RDP)``
+    is returned; both are upper bounds, so the result never under-reports.
+
+    Args:
+        history: Iterable of ``(noise_multiplier, sampling_rate, steps)``.
+        delta: Target delta in (0, 1).
+        accountant: One of :data:`ACCOUNTANTS`.
+
+    Returns:
+        Epsilon >= 0 (possibly ``math.inf``). Memoised on the normalised inputs.
+
+    Raises:
+        ValueError: On malformed history, delta or accountant.
+    """
+    validate_accountant(accountant)
+    delta = validate_delta(delta)
+    return _compute_epsilon_cached(normalize_history(history), delta, accountant)
+
+
+def cache_info() -> functools._CacheInfo:
+    """Statistics of the memoisation cache of :func:`compute_epsilon`."""
+    return _compute_epsilon_cached.cache_info()
+
+
+def clear_cache() -> None:
+    """Clears all memoisation caches of this module."""
+    _compute_epsilon_cached.cache_clear()
+    _opacus_rdp_per_step.cache_clear()
+    _dp_rdp_per_step.cache_clear()

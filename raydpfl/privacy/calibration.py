@@ -1,0 +1,219 @@
+"""Calibration of the Poisson-subsampled Gaussian mechanism to a privacy budget.
+
+All functions account for ``T`` steps of the DP-SGD step mechanism
+``D -> sum_{x in S} clip_C(g(x)) + N(0, sigma^2 C^2 I)`` with ``S`` a Poisson(q)
+subsample (L2 sensitivity ``C``, add/remove-one-record adjacency), using
+:func:`raydpfl.privacy.accountants.compute_epsilon`.
+
+Epsilon is non-increasing in ``sigma`` and non-decreasing in ``T``; both
+searches below keep a bracket whose "safe" end always satisfies the target and
+return that end, so the result never overshoots the budget (cf. opacus
+#346/#348, where the returned sigma could give epsilon > target).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from collections.abc import Iterable, Sequence
+
+from raydpfl.privacy.accountants import (
+    compute_epsilon,
+    normalize_history,
+    validate_accountant,
+    validate_delta,
+)
+
+__all__ = ["MAX_STEPS_CAP", "epsilon_for", "max_steps_for", "noise_multiplier_for"]
+
+#: Upper limit of the search in :func:`max_steps_for`.
+MAX_STEPS_CAP: int = 10**7
+
+
+def _check_target(target_epsilon: float) -> float:
+    if (
+        not isinstance(target_epsilon, numbers.Real)
+        or isinstance(target_epsilon, bool)
+        or not math.isfinite(float(target_epsilon))
+        or float(target_epsilon) <= 0.0
+    ):
+        raise ValueError(f"target_epsilon must be a finite real > 0, got {target_epsilon!r}")
+    return float(target_epsilon)
+
+
+def _check_entry(noise_multiplier: float, sampling_rate: float, steps: int) -> None:
+    # Re-use the history validator so that messages are identical everywhere.
+    try:
+        normalize_history([(noise_multiplier, sampling_rate, steps)])
+    except ValueError as exc:
+        raise ValueError(str(exc).removeprefix("history[0]: ")) from None
+
+
+def epsilon_for(
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    delta: float,
+    accountant: str = "rdp",
+) -> float:
+    """Epsilon of ``steps`` Poisson-subsampled Gaussian steps.
+
+    Args:
+        noise_multiplier: ``sigma >= 0`` (noise std divided by the clip norm).
+        sampling_rate: Poisson sampling probability ``q in [0, 1]``.
+        steps: Number of composed steps ``T >= 0``.
+        delta: Target delta in (0, 1).
+        accountant: One of :data:`raydpfl.privacy.accountants.ACCOUNTANTS`.
+
+    Returns:
+        ``compute_epsilon([(sigma, q, T)], delta, accountant)``.
+
+    Raises:
+        ValueError: On invalid arguments.
+    """
+    _check_entry(noise_multiplier, sampling_rate, steps)
+    return compute_epsilon([(noise_multiplier, sampling_rate, steps)], delta, accountant)
+
+
+def noise_multiplier_for(
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    *,
+    sigma_max: float = 1e3,
+    precision: float = 1e-3,
+) -> float:
+    """Smallest noise multiplier meeting an (epsilon, delta) target, conservatively.
+
+    Finds ``sigma`` with ``eps(sigma) <= target_epsilon`` and
+    ``eps(sigma - precision) > target_epsilon`` (or ``sigma <= precision``),
+    where ``eps(s) = compute_epsilon([(s, q, T)], delta, accountant)``: the
+    bracket ``[lo, hi]`` is grown by doubling from 1 and then bisected until
+    ``hi - lo <= precision``; ``hi`` always satisfies the target and is
+    returned (the upper, conservative end). ``eps(hi) <= target`` is
+    re-verified before returning. If ``q == 0`` or ``T == 0`` the mechanism
+    is the identity and ``0.0`` is returned.
+
+    Args:
+        target_epsilon: Target epsilon, finite and > 0.
+        delta: Target delta in (0, 1).
+        sampling_rate: Poisson sampling probability ``q in [0, 1]``.
+        steps: Number of steps ``T >= 0``.
+        accountant: One of :data:`raydpfl.privacy.accountants.ACCOUNTANTS`.
+        sigma_max: Largest sigma considered (finite, > 0).
+        precision: Absolute width of the final bracket (finite, > 0).
+
+    Returns:
+        The noise multiplier ``sigma``.
+
+    Raises:
+        ValueError: On invalid arguments, or if even ``sigma_max`` exceeds the target.
+        RuntimeError: If the final verification fails (should not happen).
+    """
+    target = _check_target(target_epsilon)
+    delta = validate_delta(delta)
+    validate_accountant(accountant)
+    _check_entry(0.0, sampling_rate, steps)
+    for name, value in (("sigma_max", sigma_max), ("precision", precision)):
+        if (
+            not isinstance(value, numbers.Real)
+            or isinstance(value, bool)
+            or not math.isfinite(float(value))
+            or float(value) <= 0.0
+        ):
+            raise ValueError(f"{name} must be a finite real > 0, got {value!r}")
+    sigma_max, precision = float(sigma_max), float(precision)
+    q = float(sampling_rate)
+    if q == 0.0 or steps == 0:
+        return 0.0
+
+    def eps(sigma: float) -> float:
+        return compute_epsilon([(sigma, q, steps)], delta, accountant)
+
+    lo, hi = 0.0, min(1.0, sigma_max)  # eps(0) = inf > target
+    while eps(hi) > target:
+        if hi >= sigma_max:
+            raise ValueError(
+                f"target_epsilon={target} is unreachable with sigma <= sigma_max={sigma_max}"
+            )
+        lo, hi = hi, min(2.0 * hi, sigma_max)
+    while hi - lo > precision:
+        mid = 0.5 * (lo + hi)
+        if eps(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    if not eps(hi) <= target:  # pragma: no cover - invariant of the bisection
+        raise RuntimeError(f"calibration failed: eps({hi}) exceeds target_epsilon={target}")
+    return hi
+
+
+def max_steps_for(
+    target_epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    sampling_rate: float,
+    accountant: str = "rdp",
+    *,
+    history: Iterable[Sequence[float]] = (),
+) -> int:
+    """Largest number of further steps that keeps epsilon within the target.
+
+    Returns the largest integer ``T >= 0`` with
+    ``eps(history + [(sigma, q, T)]) <= target_epsilon`` where ``eps`` is
+    :func:`~raydpfl.privacy.accountants.compute_epsilon`; so
+    ``eps(T) <= target < eps(T + 1)`` unless the cap is hit. The search doubles
+    ``T`` from 1 and then bisects over integers, keeping a feasible lower end.
+    It is capped at :data:`MAX_STEPS_CAP` (10**7): if the cap itself is
+    feasible (e.g. ``q == 0``) the cap is returned with a ``RuntimeWarning``.
+    Returns 0 if even one more step exceeds the target (or the prior history
+    already does).
+
+    Args:
+        target_epsilon: Target epsilon, finite and > 0.
+        delta: Target delta in (0, 1).
+        noise_multiplier: ``sigma >= 0`` of the future steps.
+        sampling_rate: ``q in [0, 1]`` of the future steps.
+        accountant: One of :data:`raydpfl.privacy.accountants.ACCOUNTANTS`.
+        history: Already spent ``(sigma, q, steps)`` triples.
+
+    Returns:
+        The number of steps ``T``.
+
+    Raises:
+        ValueError: On invalid arguments.
+    """
+    target = _check_target(target_epsilon)
+    delta = validate_delta(delta)
+    validate_accountant(accountant)
+    _check_entry(noise_multiplier, sampling_rate, 0)
+    prior = normalize_history(history)
+    entry = (float(noise_multiplier), float(sampling_rate))
+
+    def feasible(t: int) -> bool:
+        return compute_epsilon((*prior, (*entry, t)), delta, accountant) <= target
+
+    if not feasible(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= MAX_STEPS_CAP and feasible(hi):
+        lo, hi = hi, 2 * hi
+    if hi > MAX_STEPS_CAP:
+        if feasible(MAX_STEPS_CAP):
+            warnings.warn(
+                f"max_steps_for reached the search cap MAX_STEPS_CAP={MAX_STEPS_CAP}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return MAX_STEPS_CAP
+        hi = MAX_STEPS_CAP
+    while hi - lo > 1:  # invariant: feasible(lo) and not feasible(hi)
+        mid = (lo + hi) // 2
+        if feasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,196 @@
+"""DP-SGD primitives: Poisson sampling, per-sample norms, clipping weights, noise.
+
+One DP-SGD step on a client's records D (Abadi et al. 2016; design.md §4) is
+
+    B      ~ Poisson(q):  each record in D independently with probability q
+    g_i    = ∇ℓ(w; x_i)                               for i in B
+    a_i    = min(1, C / ‖g_i‖₂)                        (flat clipping over all layers)
+    s      = Σ_{i∈B} a_i g_i + N(0, σ²C² I)
+    update = s / (q·|D|)                                (the *expected* batch size)
+
+Under add/remove-one-record adjacency the sum Σ a_i g_i has L2 sensitivity C, so the
+step is the Poisson-subsampled Gaussian mechanism with noise multiplier σ and rate q,
+which is what `raydpfl.privacy.ledger` accounts for.
+
+We divide by the expected batch size q·|D| rather than the realised |B|: the realised
+size is data-dependent and would need its own privacy analysis (and is 0 for an empty
+batch). An empty batch is a normal outcome of Poisson sampling: the step still adds
+noise, still counts, and is still charged — never resampled (opacus #161).
+
+The step is three stages — per-sample norms → per-sample weights → weighted gradient
+sum — then noise. Clipping is one weight rule (`clip_weights`); other rules (e.g.
+FedFDP's fair clipping) plug in at the weight stage without another training loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+Params = dict[str, torch.Tensor]
+WeightRule = Callable[[torch.Tensor], torch.Tensor]
+
+#: Guards the division in min(1, C/‖g‖); same constant as opacus. With it every clipped
+#: norm is strictly below C.
+CLIP_EPS = 1e-6
+
+
+def poisson_sample(
+    num_records: int, sampling_rate: float, generator: torch.Generator
+) -> torch.Tensor:
+    """Draws a Poisson sample: each record independently with probability `sampling_rate`.
+
+    Args:
+        num_records: |D|, the number of records to sample from.
+        sampling_rate: q in [0, 1].
+        generator: The client's RNG stream for this round.
+
+    Returns:
+        The sorted int64 indices of the sampled records (possibly empty).
+    """
+    if not 0.0 <= sampling_rate <= 1.0:
+        raise ValueError(f"sampling_rate must be in [0, 1], got {sampling_rate}")
+    mask = torch.rand(num_records, generator=generator, device=generator.device) < sampling_rate
+    return mask.nonzero().flatten()
+
+
+def per_sample_norms(per_sample_grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """‖g_i‖₂ over all parameters together (flat clipping), one value per sample."""
+    squares = [g.flatten(1).pow(2).sum(1) for g in per_sample_grads.values()]
+    return torch.stack(squares, dim=0).sum(0).sqrt()
+
+
+def clip_weights(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """Per-sample clipping weights a_i = min(1, C / (‖g_i‖ + 1e-6)), so ‖a_i g_i‖ < C."""
+    return (clip_norm / (norms + CLIP_EPS)).clamp(max=1.0)
+
+
+def weighted_sum(per_sample_grads: Mapping[str, torch.Tensor], weights: torch.Tensor) -> Params:
+    """Σ_i a_i g_i for each parameter tensor."""
+    return {
+        name: torch.tensordot(weights.to(g.dtype), g, dims=([0], [0]))
+        for name, g in per_sample_grads.items()
+    }
+
+
+def add_gaussian_noise(tensors: Params, std: float, generator: torch.Generator) -> Params:
+    """Adds i.i.d. N(0, std²) noise to every entry, in place, and returns `tensors`.
+
+    Tensors are visited in their (insertion) order so the draw is reproducible.
+    """
+    if std < 0:
+        raise ValueError(f"noise std must be >= 0, got {std}")
+    if std == 0:
+        return tensors
+    for t in tensors.values():
+        noise = torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
+        t.add_(noise, alpha=std)
+    return tensors
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one DP-SGD step observed (kept on the client; not released)."""
+
+    batch_size: int
+    clipped_fraction: float
+    mean_norm: float
+
+
+class PerSampleGradients:
+    """Materialised per-sample gradients with `torch.func` (vmap of grad).
+
+    The model is used functionally: parameters are passed in, never read from the
+    module, so one resident model serves any number of clients. Large batches are
+    processed in chunks of `max_chunk` samples; the weighted sum is exact either way
+    because norms and weights are per sample.
+    """
+
+    def __init__(self, model: nn.Module, max_chunk: int = 256) -> None:
+        self.model = model
+        self.max_chunk = max_chunk
+        self.buffers = {n: b.detach() for n, b in model.named_buffers()}
+
+        def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            logits = functional_call(model, (params, self.buffers), (x.unsqueeze(0),))
+            return F.cross_entropy(logits, y.unsqueeze(0))
+
+        self._per_sample_grad = vmap(grad(sample_loss), in_dims=(None, 0, 0))
+
+    def grads(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
+        """Per-sample gradients {name: (B, *shape)}."""
+        return self._per_sample_grad(params, x, y)
+
+    def clipped_sum(
+        self,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight_rule: WeightRule,
+    ) -> tuple[Params, StepStats]:
+        """Σ_i a_i g_i with a_i = weight_rule(‖g_i‖), plus step statistics.
+
+        An empty batch gives zero tensors shaped like `params`.
+        """
+        total = {name: torch.zeros_like(p) for name, p in params.items()}
+        n, clipped, norm_sum = x.shape[0], 0, 0.0
+        for start in range(0, n, self.max_chunk):
+            grads = self.grads(
+                params, x[start : start + self.max_chunk], y[start : start + self.max_chunk]
+            )
+            norms = per_sample_norms(grads)
+            weights = weight_rule(norms)
+            for name, part in weighted_sum(grads, weights).items():
+                total[name].add_(part)
+            clipped += int((weights < 1.0).sum())
+            norm_sum += float(norms.sum())
+        stats = StepStats(
+            batch_size=n,
+            clipped_fraction=clipped / n if n else 0.0,
+            mean_norm=norm_sum / n if n else 0.0,
+        )
+        return total, stats
+
+
+def dp_sgd_gradient(
+    engine: PerSampleGradients,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    clip_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator,
+    weight_rule: WeightRule | None = None,
+) -> tuple[Params, StepStats]:
+    """The privatised gradient (Σ a_i g_i + N(0, σ²C²I)) / (q·|D|) of one DP-SGD step.
+
+    Args:
+        engine: Computes per-sample gradients for the resident model.
+        params: Current parameters (not modified).
+        x, y: The Poisson-sampled batch (may be empty).
+        clip_norm: C > 0, the per-sample L2 bound; the sum's sensitivity.
+        noise_multiplier: σ ≥ 0; the noise std is σ·C.
+        expected_batch_size: q·|D| > 0, the fixed denominator.
+        generator: The client's RNG stream; the noise is drawn from it.
+        weight_rule: Maps per-sample norms to weights; must keep every ‖a_i g_i‖ ≤ C.
+            Defaults to flat clipping at C.
+    """
+    if clip_norm <= 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    if expected_batch_size <= 0:
+        raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
+    rule = (
+        weight_rule if weight_rule is not None else (lambda norms: clip_weights(norms, clip_norm))
+    )
+    summed, stats = engine.clipped_sum(params, x, y, rule)
+    add_gaussian_noise(summed, noise_multiplier * clip_norm, generator)
+    for t in summed.values():
+        t.div_(expected_batch_size)
+    return summed, stats

@@ -1,0 +1,1 @@
+"""Orchestration without Ray: the server's round loop, the client worker, outputs."""

@@ -1,0 +1,286 @@
+"""The one config → objects layer: `build_experiment(config)` and `run_experiment`.
+
+Nothing below this module receives a config object: data, models, algorithms and the
+privacy package take plain arguments. Everything a config can get wrong is checked
+here (or in the schema) before any training or Ray work starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raydpfl.algorithms import Algorithm, DPFedAvg, FedAvg
+from raydpfl.backends.base import Backend
+from raydpfl.backends.local import LocalBackend
+from raydpfl.config.schema import Config, ConfigError, DataConfig, PrivacyConfig
+from raydpfl.data.datasets import load_dataset
+from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
+from raydpfl.privacy.accountants import describe_accountant
+from raydpfl.privacy.calibration import noise_multiplier_for
+from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.simulation.outputs import RunWriter
+from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
+from raydpfl.simulation.server import CentralTestSet, Server, ServerSettings
+from raydpfl.simulation.worker import ClientPool, ClientWorker, ModelSpec
+
+Params = dict[str, torch.Tensor]
+
+#: What a reported ε means; copied into every private run's summary.json.
+PRIVACY_STATEMENT = {
+    "unit": "record: one training example of one client (per-client record-level DP)",
+    "adjacency": "add or remove one training record of the client",
+    "mechanism": "Poisson-subsampled Gaussian (DP-SGD), composed over every local step "
+    "the client ran",
+    "sampling": "Poisson sampling of each client's records in every DP-SGD step; cohorts are "
+    "drawn uniformly without replacement and treated as public: no amplification from client "
+    "sampling is claimed and a client is charged only for the rounds it trains in",
+    "covers": "every model the client released in every round (charged before dispatch)",
+    "noise_source": "research mode: seeded PyTorch PRNG (reproducible; not floating-point secure)",
+    "tuning": "not included: epsilon is per run, excluding any hyperparameter search",
+}
+
+
+@dataclass
+class Experiment:
+    """A built, validated experiment: everything needed to run it."""
+
+    config: Config
+    dataset: FederatedDataset
+    algorithm: Algorithm
+    ledger: PrivacyLedger | None
+    model_spec: ModelSpec
+    init_params: Params
+    device: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    extra_unaccounted: list[str] = field(default_factory=list)
+
+
+def build_experiment(config: Config) -> Experiment:
+    """Loads data, builds the model, algorithm and ledger, and validates what depends on data.
+
+    Raises:
+        ConfigError: A value that only the data can refute (e.g. δ ≥ 1/|D_i|), or a
+            dataset that cannot be partitioned as asked.
+        DatasetNotFoundError: Dataset files are missing.
+    """
+    exp, rt = config.experiment, config.runtime
+    if rt.threads is not None:
+        torch.set_num_threads(rt.threads)
+    device = _resolve_device(rt.device)
+    dataset = load_federated(exp.data, rt.seed)
+    sizes = dataset.train_sizes()
+    if (sizes == 0).any():
+        raise ConfigError(
+            "experiment.data",
+            f"{int((sizes == 0).sum())} client(s) got no training records; "
+            "use fewer clients or a smaller client_test_fraction",
+        )
+    model_options = {"hidden": exp.model.hidden} if exp.model.name == "mlp" else {}
+    spec = ModelSpec(
+        exp.model.name, tuple(dataset.input_shape), dataset.num_classes, model_options
+    )
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(rt.seed, NO_ROUND, SERVER, "init"))
+            model = spec.build()
+    except ValueError as e:
+        raise ConfigError("experiment.model.name", str(e)) from None
+    init_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    metadata: dict[str, Any] = {
+        "experiment": exp.name,
+        "algorithm": exp.algorithm.name,
+        "dataset": exp.data.dataset,
+        "num_clients": dataset.num_clients,
+        "seed": rt.seed,
+        "backend": rt.backend,
+    }
+    ledger = None
+    if exp.algorithm.name == "fedavg":
+        algorithm: Algorithm = FedAvg(
+            clients_per_round=exp.algorithm.clients_per_round,
+            local_steps=exp.algorithm.local_steps,
+            lr=exp.algorithm.lr,
+            batch_size=exp.algorithm.batch_size,
+        )
+        metadata["privacy"] = {"unit": "none: non-private run (epsilon is infinite)"}
+    else:
+        sigma, calibrated = _noise_multiplier(
+            exp.privacy, exp.algorithm.rounds * exp.algorithm.local_steps
+        )
+        _check_delta(exp.privacy.delta, sizes)
+        algorithm = DPFedAvg(
+            clients_per_round=exp.algorithm.clients_per_round,
+            local_steps=exp.algorithm.local_steps,
+            lr=exp.algorithm.lr,
+            clip_norm=exp.privacy.clip_norm,
+            noise_multiplier=sigma,
+            sampling_rate=exp.privacy.sampling_rate,
+        )
+        ledger = PrivacyLedger(exp.privacy.accountant, exp.privacy.delta, exp.privacy.epsilon)
+        metadata["privacy"] = {
+            **PRIVACY_STATEMENT,
+            "accountant": describe_accountant(exp.privacy.accountant),
+            "epsilon_budget": exp.privacy.epsilon,
+            "delta": exp.privacy.delta,
+            "noise_multiplier": sigma,
+            "noise_calibrated": calibrated,
+            "sampling_rate": exp.privacy.sampling_rate,
+            "clip_norm": exp.privacy.clip_norm,
+        }
+    extra = []
+    if exp.data.client_test_fraction > 0:
+        extra.append(
+            "client_test_metrics (per-client test loss/accuracy on held-out client records)"
+        )
+    if exp.data.dataset == "synthetic":
+        extra.append(
+            "central_test_metrics (the synthetic central test set is the union of the "
+            "clients' held-out records)"
+        )
+    return Experiment(
+        config=config,
+        dataset=dataset,
+        algorithm=algorithm,
+        ledger=ledger,
+        model_spec=spec,
+        init_params=init_params,
+        device=device,
+        metadata=metadata,
+        extra_unaccounted=extra,
+    )
+
+
+def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
+    """Builds the federated dataset named by `data` on the partition stream."""
+    seed = run_seed if data.seed is None else data.seed
+    rng = numpy_rng(seed, NO_ROUND, SERVER, "partition")
+    try:
+        if data.dataset == "synthetic":
+            s = data.synthetic
+            return synthetic_federated(
+                alpha=s.alpha,
+                beta=s.beta,
+                num_clients=data.num_clients,
+                rng=rng,
+                iid=s.iid,
+                num_features=s.num_features,
+                num_classes=s.num_classes,
+                min_samples=s.min_samples,
+                max_samples=s.max_samples,
+                client_test_fraction=data.client_test_fraction,
+            )
+        arrays = load_dataset(data.dataset, data.root)
+        return federate(
+            arrays,
+            num_clients=data.num_clients,
+            partition=data.partition.kind,
+            rng=rng,
+            alpha=data.partition.alpha,
+            shards_per_client=data.partition.shards_per_client,
+            client_test_fraction=data.client_test_fraction,
+            min_samples_per_client=data.partition.min_samples_per_client,
+        )
+    except ValueError as e:
+        raise ConfigError("experiment.data", str(e)) from None
+
+
+def make_backend(exp: Experiment) -> Backend:
+    """The backend named by ``runtime.backend`` with its workers."""
+    ds = exp.dataset
+    pool = ClientPool(ds.x, ds.y, tuple(ds.client_train), tuple(ds.client_test))
+    worker = ClientWorker(exp.algorithm, exp.model_spec, pool, exp.config.runtime.seed, exp.device)
+    return LocalBackend(worker)
+
+
+def make_server(
+    exp: Experiment,
+    writer: RunWriter | None = None,
+    on_round: Callable[[Mapping[str, Any]], None] | None = None,
+) -> Server:
+    """The server for `exp`, scoring the global model on the central test set."""
+    model = exp.model_spec.build().to(exp.device)
+    model.requires_grad_(False)
+    test_set = CentralTestSet(
+        model,
+        torch.as_tensor(exp.dataset.x_test, device=exp.device),
+        torch.as_tensor(exp.dataset.y_test, device=exp.device),
+    )
+    algo = exp.config.experiment.algorithm
+    settings = ServerSettings(
+        run_seed=exp.config.runtime.seed,
+        rounds=algo.rounds,
+        eval_every=algo.eval_every,
+        evaluate_clients=exp.config.experiment.data.client_test_fraction > 0,
+        metadata=exp.metadata,
+        extra_unaccounted=tuple(exp.extra_unaccounted),
+    )
+    return Server(
+        algorithm=exp.algorithm,
+        ledger=exp.ledger,
+        train_sizes=exp.dataset.train_sizes(),
+        init_params=exp.init_params,
+        test_set=test_set,
+        settings=settings,
+        writer=writer,
+        on_round=on_round,
+    )
+
+
+def run_experiment(
+    exp: Experiment,
+    run_dir: Path | None,
+    on_round: Callable[[Mapping[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Runs `exp`, writing its outputs to `run_dir` (None: in memory only)."""
+    from raydpfl.config.load import dump_config
+
+    writer = None
+    if run_dir is not None:
+        writer = RunWriter(run_dir)
+        writer.write_config(dump_config(exp.config))
+    server = make_server(exp, writer, on_round)
+    with make_backend(exp) as backend:
+        summary = server.run(backend)
+    if run_dir is not None:
+        summary["run_dir"] = str(run_dir)
+    return summary
+
+
+def _noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, bool]:
+    """σ from the config, or calibrated so that `max_steps` steps spend at most ε."""
+    if privacy.noise_multiplier is not None:
+        return privacy.noise_multiplier, False
+    try:
+        sigma = noise_multiplier_for(
+            privacy.epsilon, privacy.delta, privacy.sampling_rate, max_steps, privacy.accountant
+        )
+    except ValueError as e:
+        raise ConfigError(
+            "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
+        ) from None
+    return sigma, True
+
+
+def _check_delta(delta: float, sizes: np.ndarray) -> None:
+    largest = int(sizes.max())
+    if delta >= 1.0 / largest:
+        raise ConfigError(
+            "experiment.privacy.delta",
+            f"must be < 1/|D_i| = {1.0 / largest:.3g} for the largest client ({largest} records); "
+            f"got {delta}",
+        )
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("runtime.device", "cuda was requested but no CUDA device is visible")
+    return device

@@ -1,0 +1,255 @@
+"""`Server`: drives the rounds, owns the global model and every client's ledger entry.
+
+One round (design.md §1):
+
+  1. select a cohort            (algorithm, on the server's "select" stream)
+  2. plan each client's task    (algorithm; each task declares its privacy cost)
+  3. charge the ledger          (before dispatch; a task that would exceed the client's
+                                 budget is refused and never sent)
+  4. workers train              (backend; results in plan order)
+  5. aggregate                  (algorithm)
+  6. per-round optimisers       (algorithm.after_round)
+  7. evaluate, record, report
+
+The same class runs in-process and inside a Ray actor; it never imports Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask
+from raydpfl.backends.base import Backend
+from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.simulation.evaluation import EvalResult, evaluate
+from raydpfl.simulation.outputs import RunWriter, model_sha256
+from raydpfl.simulation.seeding import SERVER, numpy_rng
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class CentralTestSet:
+    """The held-out test set the global model is scored on each evaluated round."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def evaluate(self, params: Params) -> EvalResult:
+        """Loss and accuracy of `params` on the whole set."""
+        return evaluate(self.model, params, self.x, self.y)
+
+
+@dataclass
+class ServerSettings:
+    """Round schedule and metadata for one run."""
+
+    run_seed: int
+    rounds: int
+    eval_every: int = 1
+    evaluate_clients: bool = True
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # merged into summary.json
+    # Side releases the run makes beside the algorithm's own (e.g. client test metrics).
+    extra_unaccounted: Sequence[str] = ()
+
+
+class Server:
+    """Runs a federated simulation on a backend.
+
+    Args:
+        algorithm: The algorithm (server half runs here).
+        ledger: Per-client privacy ledger; None for a non-private algorithm.
+        train_sizes: |D_i| per client (public, see the algorithm's unaccounted releases).
+        init_params: The initial global parameters.
+        test_set: Central test set for the global model.
+        settings: Schedule and metadata.
+        writer: Where tables and files go; None keeps results in memory only.
+        on_round: Called with each round's row (progress reporting).
+    """
+
+    def __init__(
+        self,
+        *,
+        algorithm: Algorithm,
+        ledger: PrivacyLedger | None,
+        train_sizes: np.ndarray,
+        init_params: Params,
+        test_set: CentralTestSet,
+        settings: ServerSettings,
+        writer: RunWriter | None = None,
+        on_round: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> None:
+        if algorithm.is_private and ledger is None:
+            raise ValueError(f"algorithm {algorithm.name!r} is private and needs a ledger")
+        self.algorithm = algorithm
+        self.ledger = ledger
+        self.train_sizes = np.asarray(train_sizes)
+        self.num_clients = len(self.train_sizes)
+        self.params = {n: t.detach().clone() for n, t in init_params.items()}
+        self.test_set = test_set
+        self.settings = settings
+        self.writer = writer
+        self.on_round = on_round
+        self.rows: list[dict[str, Any]] = []
+        self.rounds_completed = 0
+        self.stop_reason = "completed all rounds"
+
+    # ---- the round loop -----------------------------------------------------------
+    def run(self, backend: Backend) -> dict[str, Any]:
+        """Runs every round (or until every client's budget is spent); returns the summary."""
+        start = time.perf_counter()
+        try:
+            for round_idx in range(self.settings.rounds):
+                if not self.run_round(backend, round_idx):
+                    break
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+                if self.ledger is not None:
+                    self.writer.write_ledger(self.ledger.to_dict())
+        summary = self.summary(time.perf_counter() - start)
+        if self.writer is not None:
+            self.writer.write_model(self.params)
+            self.writer.write_summary(summary)
+        return summary
+
+    def run_round(self, backend: Backend, round_idx: int) -> bool:
+        """Runs one round; returns False when no client can train any more."""
+        t0 = time.perf_counter()
+        rng = numpy_rng(self.settings.run_seed, round_idx, SERVER, "select")
+        cohort = self.algorithm.select(round_idx, self.num_clients, rng)
+        tasks = self.algorithm.plan(round_idx, cohort, self.train_sizes)
+        dispatched, refused = self._charge(tasks)
+        if not dispatched and refused and self._budget_exhausted(refused):
+            self.stop_reason = "privacy budget exhausted for every client"
+            return False
+        results = backend.run_tasks(self.params, dispatched) if dispatched else []
+        self.params = self.algorithm.aggregate(self.params, dispatched, results)
+        row = self._round_row(round_idx, dispatched, refused, results)
+        row.update(self.algorithm.after_round(round_idx, row))
+        self._evaluate(backend, round_idx, row)
+        row["wall_seconds"] = time.perf_counter() - t0
+        self.rows.append(row)
+        self.rounds_completed = round_idx + 1
+        if self.writer is not None:
+            self.writer.add_round(row)
+        if self.on_round is not None:
+            self.on_round(row)
+        return True
+
+    def _charge(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientTask], list[ClientTask]]:
+        """Charges each task's declared cost before dispatch; refuses unaffordable tasks."""
+        dispatched, refused = [], []
+        for task in tasks:
+            cost = task.privacy_cost
+            if cost is not None:
+                if self.ledger is None:
+                    raise ValueError(
+                        f"task for client {task.client_id} has a privacy cost but no ledger"
+                    )
+                if self.ledger.would_exceed(task.client_id, cost):
+                    refused.append(task)
+                    continue
+                self.ledger.charge(task.client_id, cost)
+            dispatched.append(task)
+        return dispatched, refused
+
+    def _budget_exhausted(self, refused: Sequence[ClientTask]) -> bool:
+        assert self.ledger is not None  # only private tasks are ever refused
+        cost = refused[0].privacy_cost
+        assert cost is not None
+        return all(self.ledger.would_exceed(c, cost) for c in range(self.num_clients))
+
+    # ---- metrics ------------------------------------------------------------------
+    def _epsilons(self) -> np.ndarray:
+        if self.ledger is None:
+            return np.full(self.num_clients, np.inf)
+        return np.asarray(self.ledger.epsilons(range(self.num_clients)), dtype=float)
+
+    def _round_row(
+        self,
+        round_idx: int,
+        dispatched: Sequence[ClientTask],
+        refused: Sequence[ClientTask],
+        results: Sequence[ClientResult],
+    ) -> dict[str, Any]:
+        eps = self._epsilons()
+        row: dict[str, Any] = {
+            "round": round_idx + 1,
+            "test_accuracy": float("nan"),
+            "test_loss": float("nan"),
+            "epsilon_max": float(eps.max()),
+            "epsilon_mean": float(eps.mean()),
+            "local_steps": float(np.mean([t.local_steps for t in dispatched]))
+            if dispatched
+            else 0.0,
+            "clients_trained": len(results),
+            "clients_refused": len(refused),
+        }
+        keys = sorted({k for r in results for k in r.metrics})
+        for k in keys:
+            row[k] = float(np.mean([r.metrics[k] for r in results if k in r.metrics]))
+        return row
+
+    def _evaluate(self, backend: Backend, round_idx: int, row: dict[str, Any]) -> None:
+        last = round_idx + 1 == self.settings.rounds
+        if not (last or (round_idx + 1) % self.settings.eval_every == 0):
+            return
+        central = self.test_set.evaluate(self.params)
+        row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
+        if not self.settings.evaluate_clients:
+            return
+        ids = list(range(self.num_clients))
+        per_client = backend.evaluate_clients(self.params, ids)
+        eps = self._epsilons()
+        if self.writer is not None:
+            self.writer.add_clients(
+                {
+                    "round": [round_idx + 1] * len(ids),
+                    "client_id": ids,
+                    "test_accuracy": [e.accuracy for e in per_client],
+                    "test_loss": [e.loss for e in per_client],
+                    "epsilon": [float(eps[c]) for c in ids],
+                    "num_examples": [int(self.train_sizes[c]) for c in ids],
+                    "num_test_examples": [e.num_examples for e in per_client],
+                }
+            )
+        accs = np.array([e.accuracy for e in per_client], dtype=float)
+        if np.isfinite(accs).any():
+            row["client_accuracy_mean"] = float(np.nanmean(accs))
+            row["client_accuracy_std"] = float(np.nanstd(accs))
+
+    def summary(self, wall_seconds: float) -> dict[str, Any]:
+        """The run's final figures and privacy statement."""
+        accs = [r["test_accuracy"] for r in self.rows if np.isfinite(r["test_accuracy"])]
+        eps = self._epsilons()
+        private = self.ledger is not None
+        out: dict[str, Any] = {
+            "final_test_accuracy": accs[-1] if accs else None,
+            "best_test_accuracy": max(accs) if accs else None,
+            "epsilon_max": float(eps.max()) if private else None,
+            "epsilon_mean": float(eps.mean()) if private else None,
+            "delta": self.ledger.delta if private else None,
+            "accountant": self.ledger.accountant if private else None,
+            "private": private,
+            "rounds_completed": self.rounds_completed,
+            "rounds_planned": self.settings.rounds,
+            "stop_reason": self.stop_reason,
+            "wall_seconds": wall_seconds,
+            "model_sha256": model_sha256(self.params),
+            "ledger_sha256": self.ledger.sha256() if private else None,
+            "unaccounted_releases": [
+                *self.algorithm.unaccounted_releases(),
+                *self.settings.extra_unaccounted,
+            ],
+        }
+        out.update(self.settings.metadata)
+        return out

@@ -1,0 +1,78 @@
+import numpy as np
+import torch
+
+from raydpfl.algorithms import DPFedAvg, FedAvg
+from raydpfl.algorithms.base import ClientResult, WeightedUpdateSum, uniform_cohort
+from raydpfl.algorithms.fedavg import weighted_mean_aggregate
+from raydpfl.privacy.ledger import PrivacyCost
+
+
+def _result(cid, value, weight):
+    return ClientResult(
+        client_id=cid, update={"w": torch.tensor([value])}, weight=weight, num_examples=int(weight)
+    )
+
+
+def test_weighted_mean_aggregation_matches_hand_computation():
+    global_params = {"w": torch.tensor([1.0])}
+    results = [_result(0, 2.0, 100), _result(1, -1.0, 300)]
+
+    new = weighted_mean_aggregate(global_params, results)
+
+    # w + (100·2 + 300·(−1)) / 400 = 1 − 0.25
+    torch.testing.assert_close(new["w"], torch.tensor([0.75]))
+
+
+def test_no_results_leave_the_model_unchanged():
+    global_params = {"w": torch.tensor([1.0, 2.0])}
+
+    new = weighted_mean_aggregate(global_params, [])
+
+    assert torch.equal(new["w"], global_params["w"])
+    assert new["w"] is not global_params["w"]
+
+
+def test_weighted_sum_merges_in_any_grouping():
+    acc = WeightedUpdateSum()
+    for r in [_result(0, 1.0, 1), _result(1, 3.0, 3)]:
+        acc.add(r.update, r.weight)
+
+    torch.testing.assert_close(acc.mean()["w"], torch.tensor([2.5]))
+    assert acc.count == 2 and acc.weight == 4
+
+
+def test_uniform_cohort_is_distinct_sorted_and_seeded():
+    a = uniform_cohort(50, 10, np.random.default_rng(0))
+    b = uniform_cohort(50, 10, np.random.default_rng(0))
+
+    assert a == b == sorted(set(a))
+    assert len(a) == 10 and all(0 <= c < 50 for c in a)
+
+
+def test_dp_fedavg_declares_the_cost_of_its_local_steps():
+    algo = DPFedAvg(
+        clients_per_round=2,
+        local_steps=7,
+        lr=0.1,
+        clip_norm=1.0,
+        noise_multiplier=1.3,
+        sampling_rate=0.02,
+    )
+
+    tasks = algo.plan(4, [3, 9], np.array([10] * 10))
+
+    assert [t.client_id for t in tasks] == [3, 9]
+    assert all(
+        t.privacy_cost == PrivacyCost(noise_multiplier=1.3, sampling_rate=0.02, steps=7)
+        for t in tasks
+    )
+    assert all(t.round_idx == 4 and t.local_steps == 7 for t in tasks)
+
+
+def test_fedavg_declares_no_privacy_cost():
+    algo = FedAvg(clients_per_round=2, local_steps=3, lr=0.1, batch_size=8)
+
+    tasks = algo.plan(0, [0, 1], np.array([10, 10]))
+
+    assert all(t.privacy_cost is None for t in tasks)
+    assert not FedAvg.is_private and DPFedAvg.is_private

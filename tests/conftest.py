@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny real configs that train in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from raydpfl.config import Config, config_from_dict
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    # CI has 2 cores; tests must not depend on the machine's default thread count.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+def small_config(**sections) -> Config:
+    """A DP-FedAvg config on a small synthetic population; sections override parts."""
+    raw = {
+        "experiment": {
+            "name": "test",
+            "data": {
+                "dataset": "synthetic",
+                "num_clients": 12,
+                "synthetic": {"alpha": 0.5, "beta": 0.5, "min_samples": 300, "max_samples": 800},
+            },
+            "model": {"name": "logreg"},
+            "algorithm": {
+                "name": "dp_fedavg",
+                "rounds": 4,
+                "clients_per_round": 4,
+                "local_steps": 3,
+                "lr": 0.5,
+            },
+            "privacy": {
+                "epsilon": 50.0,
+                "delta": 1e-5,
+                "clip_norm": 1.0,
+                "noise_multiplier": 1.0,
+                "sampling_rate": 0.1,
+            },
+        },
+        "runtime": {"seed": 0, "progress": False},
+    }
+    for dotted, value in sections.items():
+        node = raw
+        *head, last = dotted.split("__")
+        for k in head:
+            node = node.setdefault(k, {})
+        if isinstance(value, dict) and isinstance(node.get(last), dict):
+            node[last] = {**node[last], **value}  # merge: keep the keys not overridden
+        else:
+            node[last] = value
+    return config_from_dict(raw)

@@ -1,0 +1,188 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from raydpfl.privacy.dpsgd import (
+    PerSampleGradients,
+    add_gaussian_noise,
+    clip_weights,
+    dp_sgd_gradient,
+    per_sample_norms,
+    poisson_sample,
+)
+
+
+def _gen(seed=0):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def _model_and_batch(n=16):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x = torch.randn(n, 5) * 4
+    y = torch.randint(0, 3, (n,))
+    return model, params, x, y
+
+
+def test_poisson_sample_size_matches_binomial_moments():
+    n, q, trials = 2000, 0.05, 400
+    gen = _gen(1)
+
+    sizes = torch.tensor(
+        [poisson_sample(n, q, gen).numel() for _ in range(trials)], dtype=torch.float64
+    )
+
+    mean, var = n * q, n * q * (1 - q)
+    assert abs(sizes.mean().item() - mean) < 4 * math.sqrt(var / trials)
+    assert abs(sizes.var().item() / var - 1) < 0.25
+
+
+def test_poisson_sample_includes_each_record_independently_with_rate_q():
+    n, q, trials = 50, 0.2, 4000
+    gen = _gen(2)
+    counts = torch.zeros(n)
+    pair = 0
+
+    for _ in range(trials):
+        idx = poisson_sample(n, q, gen)
+        counts[idx] += 1
+        pair += int((idx == 0).any() and (idx == 1).any())
+
+    freq = counts / trials
+    tol = 5 * math.sqrt(q * (1 - q) / trials)
+    assert (freq - q).abs().max().item() < tol
+    # Independence: P(0 and 1 both in) = q², unlike fixed-size sampling.
+    assert abs(pair / trials - q * q) < 5 * math.sqrt(q * q / trials)
+
+
+def test_poisson_sample_yields_empty_batches_at_their_natural_rate():
+    n, q, trials = 10, 0.05, 3000
+    gen = _gen(3)
+
+    empty = sum(poisson_sample(n, q, gen).numel() == 0 for _ in range(trials)) / trials
+
+    assert abs(empty - (1 - q) ** n) < 0.03
+
+
+def test_per_sample_gradients_equal_individual_autograd_gradients():
+    model, params, x, y = _model_and_batch(6)
+    engine = PerSampleGradients(model)
+
+    grads = engine.grads(params, x, y)
+
+    for i in range(6):
+        model.zero_grad()
+        loss = nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+        loss.backward()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(grads[name][i], p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_every_clipped_per_sample_norm_is_at_most_c():
+    model, params, x, y = _model_and_batch(32)
+    engine = PerSampleGradients(model)
+    clip = 0.1
+
+    grads = engine.grads(params, x, y)
+    weights = clip_weights(per_sample_norms(grads), clip)
+    clipped = {k: g * weights.view(-1, *[1] * (g.dim() - 1)) for k, g in grads.items()}
+
+    norms_before = per_sample_norms(grads)
+    norms_after = per_sample_norms(clipped)
+    assert (norms_before > clip).any()
+    assert (norms_after <= clip).all()
+    small = norms_before < clip
+    torch.testing.assert_close(norms_after[small], norms_before[small])
+
+
+def test_chunked_clipped_sum_equals_unchunked():
+    model, params, x, y = _model_and_batch(20)
+    rule = lambda n: clip_weights(n, 0.5)  # noqa: E731
+
+    whole, _ = PerSampleGradients(model, max_chunk=64).clipped_sum(params, x, y, rule)
+    chunked, stats = PerSampleGradients(model, max_chunk=3).clipped_sum(params, x, y, rule)
+
+    for k in whole:
+        torch.testing.assert_close(whole[k], chunked[k], rtol=1e-5, atol=1e-6)
+    assert stats.batch_size == 20
+
+
+def test_noise_has_std_sigma_c_and_zero_mean():
+    sigma, clip, gen = 1.3, 0.7, _gen(4)
+    tensors = {"a": torch.zeros(200_000), "b": torch.zeros(300, 100)}
+
+    add_gaussian_noise(tensors, sigma * clip, gen)
+
+    flat = torch.cat([t.flatten() for t in tensors.values()])
+    assert abs(flat.std().item() / (sigma * clip) - 1) < 0.01
+    assert abs(flat.mean().item()) < 0.01
+
+
+def test_empty_batch_step_is_pure_noise_over_expected_batch():
+    model, params, x, y = _model_and_batch(4)
+    sigma, clip, expected = 2.0, 1.0, 10.0
+
+    grad, stats = dp_sgd_gradient(
+        PerSampleGradients(model),
+        params,
+        x[:0],
+        y[:0],
+        clip_norm=clip,
+        noise_multiplier=sigma,
+        expected_batch_size=expected,
+        generator=_gen(5),
+    )
+
+    flat = torch.cat([g.flatten() for g in grad.values()])
+    assert stats.batch_size == 0
+    assert flat.abs().sum() > 0
+    assert abs(flat.std().item() / (sigma * clip / expected) - 1) < 0.15  # ~100 params
+
+
+def test_no_noise_and_no_clipping_equals_nonprivate_gradient_rescaled():
+    model, params, x, y = _model_and_batch(12)
+    expected = 8.0
+
+    grad, _ = dp_sgd_gradient(
+        PerSampleGradients(model),
+        params,
+        x,
+        y,
+        clip_norm=1e9,
+        noise_multiplier=0.0,
+        expected_batch_size=expected,
+        generator=_gen(6),
+    )
+
+    model.zero_grad()
+    nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grad[name], p.grad / expected, rtol=1e-4, atol=1e-6)
+
+
+def test_same_generator_seed_gives_same_noise_and_other_seed_differs():
+    model, params, x, y = _model_and_batch(8)
+    kwargs = dict(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=4.0)
+    engine = PerSampleGradients(model)
+
+    a, _ = dp_sgd_gradient(engine, params, x, y, generator=_gen(7), **kwargs)
+    b, _ = dp_sgd_gradient(engine, params, x, y, generator=_gen(7), **kwargs)
+    c, _ = dp_sgd_gradient(engine, params, x, y, generator=_gen(8), **kwargs)
+
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.parametrize("bad", [dict(clip_norm=0.0), dict(expected_batch_size=0.0)])
+def test_invalid_step_arguments_are_rejected(bad):
+    model, params, x, y = _model_and_batch(2)
+    kwargs = dict(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=1.0, generator=_gen())
+    kwargs.update(bad)
+
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        dp_sgd_gradient(PerSampleGradients(model), params, x, y, **kwargs)

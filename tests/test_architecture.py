@@ -1,0 +1,57 @@
+"""Layering rules of design.md §2, checked on the source."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "raydpfl"
+RAY_FREE = ["algorithms", "privacy", "config", "simulation", "data", "models"]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", RAY_FREE)
+def test_pure_packages_never_import_ray(package):
+    offenders = [
+        str(p.relative_to(PACKAGE))
+        for p in (PACKAGE / package).rglob("*.py")
+        if any(n == "ray" or n.startswith("ray.") for n in _imports(p))
+    ]
+
+    assert offenders == []
+
+
+@pytest.mark.parametrize("package", ["algorithms", "privacy", "data", "models"])
+def test_lower_layers_do_not_import_config_or_orchestration(package):
+    forbidden = ("raydpfl.config", "raydpfl.simulation", "raydpfl.backends", "raydpfl.cli")
+
+    offenders = [
+        str(p.relative_to(PACKAGE))
+        for p in (PACKAGE / package).rglob("*.py")
+        if any(n.startswith(forbidden) for n in _imports(p))
+    ]
+
+    assert offenders == []
+
+
+def test_importing_the_package_and_cli_imports_neither_ray_nor_torchvision():
+    code = (
+        "import sys, raydpfl, raydpfl.cli.main, raydpfl.simulation.build; "
+        "print('ray' in sys.modules, 'torchvision' in sys.modules)"
+    )
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert out.stdout.split() == ["False", "False"]
