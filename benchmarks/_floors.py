@@ -109,7 +109,7 @@ def record_batches(exp: Experiment, rounds: int) -> BatchPlan:
             rows = client_rows[c]
             steps = []
             for _ in range(algo.local_steps):
-                positions = (torch.rand(rows.numel(), generator=gen) < algo.sampling_rate)
+                positions = torch.rand(rows.numel(), generator=gen) < algo.sampling_rate
                 state = gen.get_state()
                 for shape in shapes:
                     torch.randn(shape, generator=gen)
