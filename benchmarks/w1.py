@@ -97,10 +97,10 @@ def run_child(runner: str, config: Path, rounds: int | None, threads: int) -> di
 
 def _run_raydpfl(exp: Any, progress: OnRound) -> dict[str, Any]:
     """raydpfl's own server and local backend; times come from ``server.rows``."""
-    from raydpfl.simulation.build import make_backend, make_server
+    from raydpfl.simulation.build import make_local_backend, make_server
 
     server = make_server(exp, on_round=lambda row: progress(row["round"] - 1, row["wall_seconds"]))
-    with make_backend(exp) as backend:
+    with make_local_backend(exp) as backend:
         summary = server.run(backend)
     rows = server.rows
     if summary["rounds_completed"] != exp.config.experiment.algorithm.rounds:

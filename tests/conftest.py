@@ -47,7 +47,7 @@ def small_config(**sections) -> Config:
                 "sampling_rate": 0.1,
             },
         },
-        "runtime": {"seed": 0, "progress": False},
+        "runtime": {"backend": "local", "seed": 0, "progress": False},
     }
     for dotted, value in sections.items():
         node = raw

@@ -113,19 +113,24 @@ class ClientContext:
 
 
 class WeightedUpdateSum:
-    """Running Σ w_k Δ_k and Σ w_k, the state of a weighted-mean aggregation.
+    """Running Σ w_k Δ_k, Σ w_k and per-metric sums: the state of a weighted-mean round.
 
-    Linear aggregations can be accumulated where the results are produced (inside a
-    worker) and merged, so one tensor per worker travels instead of one per client.
+    Linear aggregations are accumulated where results are produced (inside a worker)
+    and merged on the server, so one partial sum per task group travels instead of one
+    update per client. Additions happen in the order they are made; callers fix that
+    order (plan order inside a group, group order across groups) so the bits of the
+    result do not depend on how many workers ran.
     """
 
     def __init__(self) -> None:
         self.total: Params | None = None
         self.weight = 0.0
         self.count = 0
+        self.metric_sums: dict[str, float] = {}
+        self.metric_counts: dict[str, int] = {}
 
-    def add(self, update: Params, weight: float) -> None:
-        """Adds one client's update with its weight."""
+    def add(self, update: Params, weight: float, metrics: Mapping[str, float] = {}) -> None:
+        """Adds one client's update with its weight (and its metrics, for means)."""
         if self.total is None:
             self.total = {n: t.detach().clone().mul_(weight) for n, t in update.items()}
         else:
@@ -133,12 +138,41 @@ class WeightedUpdateSum:
                 self.total[n].add_(t, alpha=weight)
         self.weight += weight
         self.count += 1
+        for k, v in metrics.items():
+            self.metric_sums[k] = self.metric_sums.get(k, 0.0) + float(v)
+            self.metric_counts[k] = self.metric_counts.get(k, 0) + 1
+
+    def merge(self, other: WeightedUpdateSum) -> None:
+        """Adds another partial sum into this one."""
+        if other.total is not None:
+            if self.total is None:
+                self.total = {n: t.clone() for n, t in other.total.items()}
+            else:
+                for n, t in other.total.items():
+                    self.total[n].add_(t)
+        self.weight += other.weight
+        self.count += other.count
+        for k, v in other.metric_sums.items():
+            self.metric_sums[k] = self.metric_sums.get(k, 0.0) + v
+            self.metric_counts[k] = self.metric_counts.get(k, 0) + other.metric_counts[k]
+
+    @classmethod
+    def merged(cls, parts: Sequence[WeightedUpdateSum]) -> WeightedUpdateSum:
+        """The sum of `parts`, added in the given order."""
+        out = cls()
+        for part in parts:
+            out.merge(part)
+        return out
 
     def mean(self) -> Params | None:
         """Σ w_k Δ_k / Σ w_k, or None if nothing was added."""
         if self.total is None or self.weight <= 0:
             return None
         return {n: t / self.weight for n, t in self.total.items()}
+
+    def metric_means(self) -> dict[str, float]:
+        """Mean of each client metric over the clients that reported it."""
+        return {k: self.metric_sums[k] / self.metric_counts[k] for k in sorted(self.metric_sums)}
 
 
 class Algorithm(abc.ABC):
@@ -151,6 +185,9 @@ class Algorithm(abc.ABC):
 
     name: ClassVar[str]
     is_private: ClassVar[bool]
+    #: True when the round's results only feed a weighted mean of updates: workers may
+    #: then sum them where they are produced, and the server calls `aggregate_sum`.
+    linear_aggregation: ClassVar[bool] = False
 
     # ---- server half -------------------------------------------------------------
     @abc.abstractmethod
@@ -163,11 +200,29 @@ class Algorithm(abc.ABC):
     ) -> list[ClientTask]:
         """One task per cohort member; `train_sizes[i]` = |D_i|."""
 
-    @abc.abstractmethod
     def aggregate(
         self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
     ) -> Params:
-        """The new global parameters from the results that arrived."""
+        """The new global parameters from the results that arrived (non-linear algorithms).
+
+        The default sums the results in plan order and calls `aggregate_sum`.
+        """
+        acc = WeightedUpdateSum()
+        for r in results:
+            acc.add(r.update, r.weight, r.metrics)
+        return self.aggregate_sum(global_params, tasks, acc)
+
+    def aggregate_sum(
+        self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
+    ) -> Params:
+        """The new global parameters from the round's weighted sum (linear algorithms).
+
+        The default is FedAvg's step: w + Σ w_k Δ_k / Σ w_k; no result leaves w unchanged.
+        """
+        mean = total.mean()
+        if mean is None:
+            return {n: t.clone() for n, t in global_params.items()}
+        return {n: global_params[n] + mean[n] for n in global_params}
 
     def after_round(self, round_idx: int, metrics: Mapping[str, float]) -> dict[str, float]:
         """Hook for per-round optimisers (τ*, λ*, selection...); returns extra metrics."""

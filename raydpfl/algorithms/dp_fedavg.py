@@ -31,7 +31,6 @@ from raydpfl.algorithms.base import (
     parameter_delta,
     uniform_cohort,
 )
-from raydpfl.algorithms.fedavg import weighted_mean_aggregate
 from raydpfl.privacy.dpsgd import dp_sgd_gradient, poisson_sample
 from raydpfl.privacy.ledger import PrivacyCost
 
@@ -41,6 +40,7 @@ class DPFedAvg(Algorithm):
 
     name = "dp_fedavg"
     is_private = True
+    linear_aggregation = True
 
     def __init__(
         self,
@@ -83,11 +83,6 @@ class DPFedAvg(Algorithm):
             )
             for c in cohort
         ]
-
-    def aggregate(
-        self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
-    ) -> Params:
-        return weighted_mean_aggregate(global_params, results)
 
     def unaccounted_releases(self) -> list[str]:
         return ["client_dataset_sizes (aggregation weights and DP-SGD denominators q*|D_i|)"]

@@ -21,24 +21,9 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    WeightedUpdateSum,
     parameter_delta,
     uniform_cohort,
 )
-
-
-def weighted_mean_aggregate(global_params: Params, results: Sequence[ClientResult]) -> Params:
-    """w ← w + Σ_k p_k Δ_k with p_k = weight_k / Σ weight (over the results that arrived).
-
-    A round in which no result arrived leaves the model unchanged.
-    """
-    acc = WeightedUpdateSum()
-    for r in results:
-        acc.add(r.update, r.weight)
-    mean = acc.mean()
-    if mean is None:
-        return {n: t.clone() for n, t in global_params.items()}
-    return {n: global_params[n] + mean[n] for n in global_params}
 
 
 class FedAvg(Algorithm):
@@ -46,6 +31,7 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     is_private = False
+    linear_aggregation = True
 
     def __init__(
         self, *, clients_per_round: int, local_steps: int, lr: float, batch_size: int
@@ -71,11 +57,6 @@ class FedAvg(Algorithm):
             )
             for c in cohort
         ]
-
-    def aggregate(
-        self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
-    ) -> Params:
-        return weighted_mean_aggregate(global_params, results)
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask

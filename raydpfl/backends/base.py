@@ -12,8 +12,16 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from raydpfl.algorithms.base import ClientResult, ClientTask
+from raydpfl.algorithms.base import ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.simulation.evaluation import EvalResult
+
+
+class RoundTimeoutError(RuntimeError):
+    """A round did not finish within ``runtime.round_timeout_s``."""
+
+
+class WorkerLostError(RuntimeError):
+    """A worker died and could not be restarted."""
 
 
 class Backend(abc.ABC):
@@ -24,6 +32,12 @@ class Backend(abc.ABC):
         self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
     ) -> list[ClientResult]:
         """Runs every task from `global_params`; results in the order of `tasks`."""
+
+    @abc.abstractmethod
+    def run_groups(
+        self, global_params: Mapping[str, torch.Tensor], groups: Sequence[Sequence[ClientTask]]
+    ) -> list[WeightedUpdateSum]:
+        """Runs every group (tasks in order); one weighted partial sum per group, in order."""
 
     @abc.abstractmethod
     def evaluate_clients(

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from raydpfl.algorithms.base import ClientResult, ClientTask
+from raydpfl.algorithms.base import ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.backends.base import Backend
 from raydpfl.simulation.evaluation import EvalResult
 from raydpfl.simulation.worker import ClientWorker
@@ -25,16 +25,12 @@ class LocalBackend(Backend):
     def run_tasks(
         self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
     ) -> list[ClientResult]:
-        results = []
-        for task in tasks:
-            try:
-                results.append(self.worker.run_task(global_params, task))
-            except Exception as e:
-                # Name the client and round: a bare traceback from deep in torch says neither.
-                raise RuntimeError(
-                    f"client {task.client_id} failed in round {task.round_idx + 1}: {e}"
-                ) from e
-        return results
+        return self.worker.run_tasks(global_params, tasks)
+
+    def run_groups(
+        self, global_params: Mapping[str, torch.Tensor], groups: Sequence[Sequence[ClientTask]]
+    ) -> list[WeightedUpdateSum]:
+        return self.worker.run_groups(global_params, groups)
 
     def evaluate_clients(
         self, params: Mapping[str, torch.Tensor], client_ids: Sequence[int]

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
+from raydpfl.backends.base import RoundTimeoutError, WorkerLostError
 from raydpfl.config.schema import ConfigError
 
 EXIT_USAGE = 2
@@ -41,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _user_errors() as e:
         print(f"raydpfl: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
+    except (RoundTimeoutError, WorkerLostError) as e:
+        print(f"raydpfl: run failed: {_one_line(e)}", file=sys.stderr)
+        print("raydpfl: finished rounds are kept in the run directory", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(
             "raydpfl: interrupted; finished rounds are kept in the run directory", file=sys.stderr

@@ -39,7 +39,7 @@ DatasetName = Literal["synthetic", "mnist", "fashion_mnist", "cifar10", "digits"
 PartitionKind = Literal["iid", "dirichlet", "shards"]
 AlgorithmName = Literal["fedavg", "dp_fedavg"]
 AccountantName = Literal["rdp", "prv", "dp_rdp", "pld"]
-BackendName = Literal["local"]
+BackendName = Literal["ray", "local"]
 DeviceName = Literal["cpu", "cuda", "auto"]
 
 
@@ -185,18 +185,58 @@ class ExperimentConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
-    """How the simulation is run."""
+    """How the simulation is run. Changing it never changes the results (same seed)."""
 
-    backend: BackendName = "local"
-    workers: int = 1
+    backend: BackendName = "ray"
+    # Ray: null or "local" starts a local instance; "auto" joins the running cluster;
+    # "ray://host:port" connects through Ray Client.
+    address: str | None = None
+    workers: int = 2  # ClientWorker actors; each hosts many clients (local backend: 1)
+    cpus_per_worker: float = 1.0  # torch threads per worker = max(1, floor(this))
+    gpus_per_worker: float = 0.0  # e.g. 0.25: four workers share one GPU
+    # Fixed number of partial-sum groups per round; results do not depend on `workers`.
+    aggregation_groups: int = 8
+    round_timeout_s: float | None = 3600.0  # a round that takes longer is an error
+    max_restarts: int = 3  # a dead worker is restarted and its clients re-run
     seed: int = 0
     output: str = "runs"  # parent folder of run directories
     device: DeviceName = "cpu"
-    threads: int | None = None  # torch intra-op threads; null = torch's default
+    threads: int | None = None  # torch threads of the local backend / server; null = default
     progress: bool = True
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
+        _check(
+            self.cpus_per_worker > 0, "cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}"
+        )
+        _check(
+            self.gpus_per_worker == 0
+            or 0 < self.gpus_per_worker < 1
+            or float(self.gpus_per_worker).is_integer(),
+            "gpus_per_worker",
+            f"must be 0, a fraction in (0, 1) or a whole number, got {self.gpus_per_worker}",
+        )
+        _check(self.gpus_per_worker >= 0, "gpus_per_worker", "must be >= 0")
+        _check(
+            self.aggregation_groups >= self.workers,
+            "aggregation_groups",
+            f"must be >= runtime.workers ({self.workers}) so every worker gets work, "
+            f"got {self.aggregation_groups}",
+        )
+        _check(
+            self.round_timeout_s is None or self.round_timeout_s > 0,
+            "round_timeout_s",
+            "must be > 0 or null (no deadline)",
+        )
+        _check(self.max_restarts >= 0, "max_restarts", "must be >= 0")
+        _check(
+            self.address is None
+            or self.address in ("local", "auto")
+            or self.address.startswith("ray://")
+            or ":" in self.address,
+            "address",
+            f"must be null, local, auto, ray://host:port or host:port, got {self.address!r}",
+        )
         _check(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         _check(self.threads is None or self.threads >= 1, "threads", "must be null or >= 1")
 

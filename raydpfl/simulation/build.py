@@ -18,6 +18,7 @@ import torch
 from raydpfl.algorithms import Algorithm, DPFedAvg, FedAvg
 from raydpfl.backends.base import Backend
 from raydpfl.backends.local import LocalBackend
+from raydpfl.config.load import dump_config
 from raydpfl.config.schema import Config, ConfigError, DataConfig, PrivacyConfig
 from raydpfl.data.datasets import load_dataset
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
@@ -27,7 +28,7 @@ from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.outputs import RunWriter
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
 from raydpfl.simulation.server import CentralTestSet, Server, ServerSettings
-from raydpfl.simulation.worker import ClientPool, ClientWorker, ModelSpec
+from raydpfl.simulation.worker import ClientWorker, ModelSpec, as_tensor
 
 Params = dict[str, torch.Tensor]
 
@@ -72,7 +73,8 @@ def build_experiment(config: Config) -> Experiment:
     exp, rt = config.experiment, config.runtime
     if rt.threads is not None:
         torch.set_num_threads(rt.threads)
-    device = _resolve_device(rt.device)
+    # The server evaluates on this process's device; Ray workers resolve their own.
+    device = _resolve_device(rt.device) if rt.backend == "local" else _server_device(rt.device)
     dataset = load_federated(exp.data, rt.seed)
     sizes = dataset.train_sizes()
     if (sizes == 0).any():
@@ -100,6 +102,7 @@ def build_experiment(config: Config) -> Experiment:
         "num_clients": dataset.num_clients,
         "seed": rt.seed,
         "backend": rt.backend,
+        "workers": rt.workers if rt.backend == "ray" else 1,
     }
     ledger = None
     if exp.algorithm.name == "fedavg":
@@ -191,12 +194,13 @@ def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
         raise ConfigError("experiment.data", str(e)) from None
 
 
-def make_backend(exp: Experiment) -> Backend:
-    """The backend named by ``runtime.backend`` with its workers."""
-    ds = exp.dataset
-    pool = ClientPool(ds.x, ds.y, tuple(ds.client_train), tuple(ds.client_test))
-    worker = ClientWorker(exp.algorithm, exp.model_spec, pool, exp.config.runtime.seed, exp.device)
-    return LocalBackend(worker)
+def make_local_backend(exp: Experiment) -> Backend:
+    """The in-process backend: one resident worker (the Ray backend lives in
+    `raydpfl.backends.ray`, started by `run_experiment`)."""
+    rt = exp.config.runtime
+    return LocalBackend(
+        ClientWorker(exp.algorithm, exp.model_spec, exp.dataset, rt.seed, rt.device)
+    )
 
 
 def make_server(
@@ -209,8 +213,8 @@ def make_server(
     model.requires_grad_(False)
     test_set = CentralTestSet(
         model,
-        torch.as_tensor(exp.dataset.x_test, device=exp.device),
-        torch.as_tensor(exp.dataset.y_test, device=exp.device),
+        as_tensor(exp.dataset.x_test, exp.device),
+        as_tensor(exp.dataset.y_test, exp.device),
     )
     algo = exp.config.experiment.algorithm
     settings = ServerSettings(
@@ -218,6 +222,7 @@ def make_server(
         rounds=algo.rounds,
         eval_every=algo.eval_every,
         evaluate_clients=exp.config.experiment.data.client_test_fraction > 0,
+        aggregation_groups=exp.config.runtime.aggregation_groups,
         metadata=exp.metadata,
         extra_unaccounted=tuple(exp.extra_unaccounted),
     )
@@ -238,16 +243,21 @@ def run_experiment(
     run_dir: Path | None,
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Runs `exp`, writing its outputs to `run_dir` (None: in memory only)."""
-    from raydpfl.config.load import dump_config
+    """Runs `exp` on its backend, writing outputs to `run_dir` (None: in memory only).
 
-    writer = None
+    The resolved config is written first; the server then writes the rest.
+    """
     if run_dir is not None:
-        writer = RunWriter(run_dir)
-        writer.write_config(dump_config(exp.config))
-    server = make_server(exp, writer, on_round)
-    with make_backend(exp) as backend:
-        summary = server.run(backend)
+        RunWriter(run_dir).write_config(dump_config(exp.config))
+    if exp.config.runtime.backend == "ray":
+        from raydpfl.backends.ray.runner import run_on_ray  # Ray is imported only here
+
+        summary = run_on_ray(exp, run_dir, on_round)
+    else:
+        writer = RunWriter(run_dir) if run_dir is not None else None
+        server = make_server(exp, writer, on_round)
+        with make_local_backend(exp) as backend:
+            summary = server.run(backend)
     if run_dir is not None:
         summary["run_dir"] = str(run_dir)
     return summary
@@ -276,6 +286,10 @@ def _check_delta(delta: float, sizes: np.ndarray) -> None:
             f"must be < 1/|D_i| = {1.0 / largest:.3g} for the largest client ({largest} records); "
             f"got {delta}",
         )
+
+
+def _server_device(device: str) -> str:
+    return "cuda" if device in ("cuda", "auto") and torch.cuda.is_available() else "cpu"
 
 
 def _resolve_device(device: str) -> str:

@@ -25,11 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask
+from raydpfl.algorithms.base import Algorithm, ClientTask, WeightedUpdateSum
 from raydpfl.backends.base import Backend
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.evaluation import EvalResult, evaluate
 from raydpfl.simulation.outputs import RunWriter, model_sha256
+from raydpfl.simulation.reduction import group_tasks
 from raydpfl.simulation.seeding import SERVER, numpy_rng
 
 Params = dict[str, torch.Tensor]
@@ -56,6 +57,7 @@ class ServerSettings:
     rounds: int
     eval_every: int = 1
     evaluate_clients: bool = True
+    aggregation_groups: int = 8  # fixed partial-sum groups (see simulation/reduction.py)
     metadata: Mapping[str, Any] = field(default_factory=dict)  # merged into summary.json
     # Side releases the run makes beside the algorithm's own (e.g. client test metrics).
     extra_unaccounted: Sequence[str] = ()
@@ -101,29 +103,25 @@ class Server:
         self.rows: list[dict[str, Any]] = []
         self.rounds_completed = 0
         self.stop_reason = "completed all rounds"
+        self._started: float | None = None
+        self._outputs_closed = False
 
     # ---- the round loop -----------------------------------------------------------
     def run(self, backend: Backend) -> dict[str, Any]:
         """Runs every round (or until every client's budget is spent); returns the summary."""
-        start = time.perf_counter()
         try:
             for round_idx in range(self.settings.rounds):
                 if not self.run_round(backend, round_idx):
                     break
         finally:
-            if self.writer is not None:
-                self.writer.close()
-                if self.ledger is not None:
-                    self.writer.write_ledger(self.ledger.to_dict())
-        summary = self.summary(time.perf_counter() - start)
-        if self.writer is not None:
-            self.writer.write_model(self.params)
-            self.writer.write_summary(summary)
-        return summary
+            self.close_outputs()
+        return self.finish()
 
     def run_round(self, backend: Backend, round_idx: int) -> bool:
         """Runs one round; returns False when no client can train any more."""
         t0 = time.perf_counter()
+        if self._started is None:
+            self._started = t0
         rng = numpy_rng(self.settings.run_seed, round_idx, SERVER, "select")
         cohort = self.algorithm.select(round_idx, self.num_clients, rng)
         tasks = self.algorithm.plan(round_idx, cohort, self.train_sizes)
@@ -131,9 +129,19 @@ class Server:
         if not dispatched and refused and self._budget_exhausted(refused):
             self.stop_reason = "privacy budget exhausted for every client"
             return False
-        results = backend.run_tasks(self.params, dispatched) if dispatched else []
-        self.params = self.algorithm.aggregate(self.params, dispatched, results)
-        row = self._round_row(round_idx, dispatched, refused, results)
+        if self.algorithm.linear_aggregation:
+            groups = group_tasks(dispatched, self.train_sizes, self.settings.aggregation_groups)
+            partials = backend.run_groups(self.params, groups) if groups else []
+            total = WeightedUpdateSum.merged(partials)
+            self.params = self.algorithm.aggregate_sum(self.params, dispatched, total)
+            trained, received, metrics = total.count, len(partials), total.metric_means()
+        else:
+            results = backend.run_tasks(self.params, dispatched) if dispatched else []
+            self.params = self.algorithm.aggregate(self.params, dispatched, results)
+            trained, received = len(results), len(results)
+            metrics = _mean_metrics([r.metrics for r in results])
+        row = self._round_row(round_idx, dispatched, refused, trained, received)
+        row.update(metrics)
         row.update(self.algorithm.after_round(round_idx, row))
         self._evaluate(backend, round_idx, row)
         row["wall_seconds"] = time.perf_counter() - t0
@@ -179,7 +187,8 @@ class Server:
         round_idx: int,
         dispatched: Sequence[ClientTask],
         refused: Sequence[ClientTask],
-        results: Sequence[ClientResult],
+        trained: int,
+        received: int,
     ) -> dict[str, Any]:
         eps = self._epsilons()
         row: dict[str, Any] = {
@@ -191,12 +200,10 @@ class Server:
             "local_steps": float(np.mean([t.local_steps for t in dispatched]))
             if dispatched
             else 0.0,
-            "clients_trained": len(results),
+            "clients_trained": trained,
             "clients_refused": len(refused),
+            "updates_received": received,  # partial sums or client results that came back
         }
-        keys = sorted({k for r in results for k in r.metrics})
-        for k in keys:
-            row[k] = float(np.mean([r.metrics[k] for r in results if k in r.metrics]))
         return row
 
     def _evaluate(self, backend: Backend, round_idx: int, row: dict[str, Any]) -> None:
@@ -227,6 +234,26 @@ class Server:
             row["client_accuracy_mean"] = float(np.nanmean(accs))
             row["client_accuracy_std"] = float(np.nanstd(accs))
 
+    # ---- end of run -----------------------------------------------------------------
+    def close_outputs(self) -> None:
+        """Finalises the tables and writes the ledger (idempotent; keeps finished rounds)."""
+        if self.writer is None or self._outputs_closed:
+            return
+        self._outputs_closed = True
+        self.writer.close()
+        if self.ledger is not None:
+            self.writer.write_ledger(self.ledger.to_dict())
+
+    def finish(self) -> dict[str, Any]:
+        """Closes the outputs, writes the final model and summary, returns the summary."""
+        self.close_outputs()
+        wall = time.perf_counter() - self._started if self._started is not None else 0.0
+        summary = self.summary(wall)
+        if self.writer is not None:
+            self.writer.write_model(self.params)
+            self.writer.write_summary(summary)
+        return summary
+
     def summary(self, wall_seconds: float) -> dict[str, Any]:
         """The run's final figures and privacy statement."""
         accs = [r["test_accuracy"] for r in self.rows if np.isfinite(r["test_accuracy"])]
@@ -241,6 +268,7 @@ class Server:
             "accountant": self.ledger.accountant if private else None,
             "private": private,
             "rounds_completed": self.rounds_completed,
+            "updates_received_max": max((r["updates_received"] for r in self.rows), default=0),
             "rounds_planned": self.settings.rounds,
             "stop_reason": self.stop_reason,
             "wall_seconds": wall_seconds,
@@ -253,3 +281,9 @@ class Server:
         }
         out.update(self.settings.metadata)
         return out
+
+
+def _mean_metrics(per_client: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the clients that reported it."""
+    keys = sorted({k for m in per_client for k in m})
+    return {k: float(np.mean([m[k] for m in per_client if k in m])) for k in keys}

@@ -8,13 +8,22 @@ in-process (local backend) and inside a Ray actor (Ray backend).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from raydpfl.algorithms.base import Algorithm, ClientContext, ClientData, ClientResult, ClientTask
+from raydpfl.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    ClientTask,
+    WeightedUpdateSum,
+)
+from raydpfl.data.federated import FederatedDataset
 from raydpfl.models import build_model
 from raydpfl.privacy.dpsgd import PerSampleGradients
 from raydpfl.simulation.evaluation import EvalResult, evaluate
@@ -37,14 +46,22 @@ class ModelSpec:
         return build_model(self.name, self.input_shape, self.num_classes, **dict(self.options))
 
 
-@dataclass(frozen=True)
-class ClientPool:
-    """The federated records a worker can serve: one pool plus per-client index arrays."""
+def resolve_device(device: str) -> torch.device:
+    """`auto` → CUDA when this process sees a GPU, else CPU; `cuda` must exist here."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"runtime.device is {device!r} but this process sees no CUDA device")
+    return torch.device(device)
 
-    x: np.ndarray
-    y: np.ndarray
-    client_train: tuple[np.ndarray, ...]
-    client_test: tuple[np.ndarray, ...]
+
+def as_tensor(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """`torch.as_tensor` without a copy on CPU, also for read-only arrays."""
+    # Arrays from Ray's object store are read-only views of shared memory; torch warns
+    # about that, but we never write to the data tensors.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return torch.as_tensor(array, device=device)
 
 
 class ClientWorker:
@@ -53,30 +70,30 @@ class ClientWorker:
     Args:
         algorithm: Its client half (`local_update`) is what runs here.
         model_spec: The architecture.
-        pool: The clients' records (numpy; wrapped as tensors without copying on CPU).
+        dataset: The federated records (numpy; wrapped as tensors without a copy on CPU).
         run_seed: The run's seed; each client's stream derives from it.
-        device: Torch device for the model and the data.
+        device: ``cpu``, ``cuda`` or ``auto`` (resolved in this process).
     """
 
     def __init__(
         self,
         algorithm: Algorithm,
         model_spec: ModelSpec,
-        pool: ClientPool,
+        dataset: FederatedDataset,
         run_seed: int,
         device: str = "cpu",
     ) -> None:
         self.algorithm = algorithm
         self.run_seed = run_seed
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.model = model_spec.build().to(self.device)
         self.model.requires_grad_(False)  # used functionally; its own tensors are never trained
         self.params: Params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         self.per_sample = PerSampleGradients(self.model)
-        self.x = torch.as_tensor(pool.x, device=self.device)
-        self.y = torch.as_tensor(pool.y, device=self.device)
-        self.client_train = [torch.as_tensor(i, device=self.device) for i in pool.client_train]
-        self.client_test = [torch.as_tensor(i, device=self.device) for i in pool.client_test]
+        self.x = as_tensor(dataset.x, self.device)
+        self.y = as_tensor(dataset.y, self.device)
+        self.client_train = [as_tensor(i, self.device) for i in dataset.client_train]
+        self.client_test = [as_tensor(i, self.device) for i in dataset.client_test]
 
     def load_params(self, params: Mapping[str, torch.Tensor]) -> None:
         """Copies `params` into the resident parameter tensors (no allocation)."""
@@ -98,7 +115,13 @@ class ClientWorker:
             ),
             device=self.device,
         )
-        return self.algorithm.local_update(ctx, self.params, data, task)
+        try:
+            return self.algorithm.local_update(ctx, self.params, data, task)
+        except Exception as e:
+            # Name the client and round: a traceback from deep inside torch says neither.
+            raise RuntimeError(
+                f"client {task.client_id} failed in round {task.round_idx + 1}: {e}"
+            ) from e
 
     def run_tasks(
         self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
@@ -106,6 +129,26 @@ class ClientWorker:
         """Runs tasks in order; results come back in the same order."""
         broadcast = {n: t.to(self.device) for n, t in global_params.items()}
         return [self.run_task(broadcast, t) for t in tasks]
+
+    def run_groups(
+        self,
+        global_params: Mapping[str, torch.Tensor],
+        groups: Sequence[Sequence[ClientTask]],
+    ) -> list[WeightedUpdateSum]:
+        """Runs each group's tasks in order and returns one weighted partial sum per group.
+
+        Only the partial sums leave the worker; per-client updates are dropped as soon
+        as they are added, so memory does not grow with the number of clients.
+        """
+        broadcast = {n: t.to(self.device) for n, t in global_params.items()}
+        out = []
+        for group in groups:
+            acc = WeightedUpdateSum()
+            for task in group:
+                r = self.run_task(broadcast, task)
+                acc.add(r.update, r.weight, r.metrics)
+            out.append(acc)
+        return out
 
     def evaluate_clients(
         self, params: Mapping[str, torch.Tensor], client_ids: Sequence[int]

@@ -3,7 +3,6 @@ import torch
 
 from raydpfl.algorithms import DPFedAvg, FedAvg
 from raydpfl.algorithms.base import ClientResult, WeightedUpdateSum, uniform_cohort
-from raydpfl.algorithms.fedavg import weighted_mean_aggregate
 from raydpfl.privacy.ledger import PrivacyCost
 
 
@@ -13,11 +12,16 @@ def _result(cid, value, weight):
     )
 
 
+def _aggregate(global_params, results):
+    algo = FedAvg(clients_per_round=2, local_steps=1, lr=0.1, batch_size=1)
+    return algo.aggregate(global_params, [], results)
+
+
 def test_weighted_mean_aggregation_matches_hand_computation():
     global_params = {"w": torch.tensor([1.0])}
     results = [_result(0, 2.0, 100), _result(1, -1.0, 300)]
 
-    new = weighted_mean_aggregate(global_params, results)
+    new = _aggregate(global_params, results)
 
     # w + (100·2 + 300·(−1)) / 400 = 1 − 0.25
     torch.testing.assert_close(new["w"], torch.tensor([0.75]))
@@ -26,19 +30,24 @@ def test_weighted_mean_aggregation_matches_hand_computation():
 def test_no_results_leave_the_model_unchanged():
     global_params = {"w": torch.tensor([1.0, 2.0])}
 
-    new = weighted_mean_aggregate(global_params, [])
+    new = _aggregate(global_params, [])
 
     assert torch.equal(new["w"], global_params["w"])
     assert new["w"] is not global_params["w"]
 
 
-def test_weighted_sum_merges_in_any_grouping():
-    acc = WeightedUpdateSum()
-    for r in [_result(0, 1.0, 1), _result(1, 3.0, 3)]:
-        acc.add(r.update, r.weight)
+def test_weighted_sum_of_groups_equals_the_sum_of_clients():
+    whole, left, right = WeightedUpdateSum(), WeightedUpdateSum(), WeightedUpdateSum()
+    for i, r in enumerate([_result(0, 1.0, 1), _result(1, 3.0, 3), _result(2, -2.0, 2)]):
+        whole.add(r.update, r.weight, {"loss": float(i)})
+        (left if i < 2 else right).add(r.update, r.weight, {"loss": float(i)})
 
-    torch.testing.assert_close(acc.mean()["w"], torch.tensor([2.5]))
-    assert acc.count == 2 and acc.weight == 4
+    merged = WeightedUpdateSum.merged([left, right])
+
+    torch.testing.assert_close(merged.mean()["w"], whole.mean()["w"])
+    torch.testing.assert_close(merged.mean()["w"], torch.tensor([(1 + 9 - 4) / 6]))
+    assert merged.count == 3 and merged.weight == 6
+    assert merged.metric_means() == {"loss": 1.0}
 
 
 def test_uniform_cohort_is_distinct_sorted_and_seeded():

@@ -11,8 +11,14 @@ from raydpfl.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-FAST = ["--set", "algorithm.rounds=2", "--set", "data.num_clients=8",
-        "--set", "algorithm.clients_per_round=3"]
+FAST = [
+    "--set",
+    "algorithm.rounds=2",
+    "--set",
+    "data.num_clients=8",
+    "--set",
+    "algorithm.clients_per_round=3",
+]
 
 
 def test_run_writes_a_run_directory_and_reports_spent_epsilon(tmp_path, capsys):
@@ -49,9 +55,19 @@ def test_run_refuses_a_non_empty_output_directory_and_keeps_its_files(tmp_path, 
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, override, words):
     result = subprocess.run(
-        [sys.executable, "-m", "raydpfl", "run", str(QUICKSTART), "--set", override,
-         "--out", str(tmp_path / "r")],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "raydpfl",
+            "run",
+            str(QUICKSTART),
+            "--set",
+            override,
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
     )
 
     assert result.returncode == 2
@@ -96,9 +112,21 @@ def test_privacy_calculator_answers_the_usual_questions(capsys):
 
 def test_privacy_calculator_rejects_bad_numbers_in_one_line():
     result = subprocess.run(
-        [sys.executable, "-m", "raydpfl", "privacy", "epsilon", "--sigma", "1", "--q", "2",
-         "--steps", "10"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "raydpfl",
+            "privacy",
+            "epsilon",
+            "--sigma",
+            "1",
+            "--q",
+            "2",
+            "--steps",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
     )
 
     assert result.returncode == 2

@@ -30,8 +30,12 @@ def test_dp_fedavg_on_digits_learns_under_a_spent_budget():
             "data": {"dataset": "digits", "num_clients": 10, "partition": {"kind": "iid"}},
             "model": {"name": "mlp", "hidden": 64},
             "algorithm": {"rounds": 15, "clients_per_round": 5, "local_steps": 5, "lr": 1.0},
-            "privacy": {"epsilon": 10.0, "delta": 1e-4, "noise_multiplier": 0.8,
-                        "sampling_rate": 0.2},
+            "privacy": {
+                "epsilon": 10.0,
+                "delta": 1e-4,
+                "noise_multiplier": 0.8,
+                "sampling_rate": 0.2,
+            },
         },
         "runtime": {"progress": False},
     }
@@ -45,11 +49,20 @@ def test_dp_fedavg_on_digits_learns_under_a_spent_budget():
 def test_nonprivate_fedavg_on_digits_learns_and_reports_no_epsilon():
     raw = {
         "experiment": {
-            "data": {"dataset": "digits", "num_clients": 10, "partition": {"kind": "dirichlet",
-                                                                           "alpha": 1.0}},
+            "data": {
+                "dataset": "digits",
+                "num_clients": 10,
+                "partition": {"kind": "dirichlet", "alpha": 1.0},
+            },
             "model": {"name": "mlp", "hidden": 64},
-            "algorithm": {"name": "fedavg", "rounds": 10, "clients_per_round": 5,
-                          "local_steps": 10, "lr": 0.1, "batch_size": 16},
+            "algorithm": {
+                "name": "fedavg",
+                "rounds": 10,
+                "clients_per_round": 5,
+                "local_steps": 10,
+                "lr": 0.1,
+                "batch_size": 16,
+            },
         },
         "runtime": {"progress": False},
     }
@@ -64,12 +77,20 @@ def test_nonprivate_fedavg_on_digits_learns_and_reports_no_epsilon():
 def test_dp_fedavg_cnn_on_fashion_mnist_learns():
     raw = {
         "experiment": {
-            "data": {"dataset": "fashion_mnist", "num_clients": 20,
-                     "partition": {"kind": "dirichlet", "alpha": 0.5},
-                     "client_test_fraction": 0.0},
+            "data": {
+                "dataset": "fashion_mnist",
+                "num_clients": 20,
+                "partition": {"kind": "dirichlet", "alpha": 0.5},
+                "client_test_fraction": 0.0,
+            },
             "model": {"name": "fedavg_cnn"},
-            "algorithm": {"rounds": 3, "clients_per_round": 4, "local_steps": 5, "lr": 0.5,
-                          "eval_every": 3},
+            "algorithm": {
+                "rounds": 3,
+                "clients_per_round": 4,
+                "local_steps": 5,
+                "lr": 0.5,
+                "eval_every": 3,
+            },
             "privacy": {"epsilon": 10.0, "noise_multiplier": 1.0, "sampling_rate": 0.02},
         },
         "runtime": {"progress": False},

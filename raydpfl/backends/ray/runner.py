@@ -1,0 +1,166 @@
+"""Running an experiment on Ray: the driver starts things and streams progress; a
+server actor runs the rounds.
+
+    driver ──ray.put(dataset)──► object store (once; zero-copy numpy on each node)
+       │
+       └──► ServerHost actor (pinned to the driver's node, so the run directory is local)
+               ├─ Server: round loop, ledger, aggregation, evaluation, outputs
+               └─ RayBackend ──► ClientWorker actors (CPU / fractional GPU each)
+
+Ray is started only if it is not running yet, and shut down only if we started it,
+so a run inside a Tune trial or an existing session leaves Ray alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from raydpfl.backends.ray.backend import RayBackend
+from raydpfl.config.schema import ConfigError, RuntimeConfig
+from raydpfl.simulation.build import Experiment, make_server
+from raydpfl.simulation.outputs import RunWriter
+
+
+class ServerHost:
+    """The server actor: owns the `Server` and the worker pool for one run."""
+
+    def __init__(self, exp: Experiment, dataset_box: list[Any], run_dir: str | None) -> None:
+        rt = exp.config.runtime
+        torch.set_num_threads(rt.threads or max(1, int(rt.cpus_per_worker)))
+        dataset_ref = dataset_box[0]  # boxed so it arrives as a reference, not a copy
+        exp = dataclasses.replace(exp, dataset=ray.get(dataset_ref))
+        self.backend = RayBackend(
+            (exp.algorithm, exp.model_spec, [dataset_ref], rt.seed, rt.device),
+            exp.dataset.train_sizes(),
+            num_workers=rt.workers,
+            cpus_per_worker=rt.cpus_per_worker,
+            gpus_per_worker=rt.gpus_per_worker,
+            max_restarts=rt.max_restarts,
+            round_timeout_s=rt.round_timeout_s,
+        )
+        writer = RunWriter(Path(run_dir)) if run_dir is not None else None
+        self.server = make_server(exp, writer)
+
+    def run_round(self, round_idx: int) -> dict[str, Any] | None:
+        """Runs one round; returns its row, or None when the run must stop."""
+        if not self.server.run_round(self.backend, round_idx):
+            return None
+        return self.server.rows[-1]
+
+    def finish(self) -> dict[str, Any]:
+        """Closes the outputs and returns the summary."""
+        return self.server.finish()
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Where each worker runs."""
+        return self.backend.placements()
+
+    def worker_handles(self) -> list[Any]:
+        """The worker actors (for fault-injection tests)."""
+        return list(self.backend.workers)
+
+    def close(self) -> None:
+        """Stops the workers and finalises the outputs written so far."""
+        self.server.close_outputs()
+        self.backend.close()
+
+
+RemoteServerHost = ray.remote(ServerHost)
+
+
+def connect(address: str | None) -> bool:
+    """Starts or joins Ray unless it is already initialised; True if we started it.
+
+    The dashboard stays off (it would listen on the network); Ray's own token
+    authentication (on by default since Ray 2.52) is left on.
+    """
+    if ray.is_initialized():
+        return False
+    if address in (None, "local"):
+        ray.init(include_dashboard=False, logging_level="WARNING")
+    else:
+        ray.init(address=address, logging_level="WARNING")
+    return True
+
+
+def check_resources(rt: RuntimeConfig) -> None:
+    """Fails fast when the cluster cannot fit the worker pool (actors would wait forever)."""
+    have = ray.cluster_resources()
+    cpus, gpus = rt.workers * rt.cpus_per_worker, rt.workers * rt.gpus_per_worker
+    if cpus > have.get("CPU", 0) + 1e-9:
+        raise ConfigError(
+            "runtime.cpus_per_worker",
+            f"{rt.workers} workers x {rt.cpus_per_worker} CPUs = {cpus:g} CPUs, but the Ray "
+            f"cluster has {have.get('CPU', 0):g}; lower runtime.workers or cpus_per_worker",
+        )
+    if gpus > have.get("GPU", 0) + 1e-9:
+        raise ConfigError(
+            "runtime.gpus_per_worker",
+            f"{rt.workers} workers x {rt.gpus_per_worker} GPUs = {gpus:g} GPUs, but the Ray "
+            f"cluster has {have.get('GPU', 0):g}",
+        )
+
+
+def start_server(exp: Experiment, run_dir: Path | None) -> tuple[Any, Any]:
+    """Puts the dataset in the object store and starts the server actor.
+
+    Returns:
+        The server actor handle and the dataset reference (keep it alive for the run).
+    """
+    rt = exp.config.runtime
+    check_resources(rt)
+    dataset_ref = ray.put(exp.dataset)
+    options: dict[str, Any] = {"num_cpus": 0}
+    if not (rt.address or "").startswith("ray://"):
+        # Pin the server to the driver's node so the run directory is written here.
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False
+        )
+    host = RemoteServerHost.options(**options).remote(
+        dataclasses.replace(exp, dataset=None),
+        [dataset_ref],
+        str(run_dir.resolve()) if run_dir is not None else None,
+    )
+    return host, dataset_ref
+
+
+def run_on_ray(
+    exp: Experiment,
+    run_dir: Path | None,
+    on_round: Callable[[Mapping[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Runs `exp` on Ray; same results as the local backend for the same seed."""
+    started = connect(exp.config.runtime.address)
+    try:
+        host, _dataset_ref = start_server(exp, run_dir)
+        try:
+            for round_idx in range(exp.config.experiment.algorithm.rounds):
+                row = _unwrap(lambda r=round_idx: ray.get(host.run_round.remote(r)))
+                if row is None:
+                    break
+                if on_round is not None:
+                    on_round(row)
+            return _unwrap(lambda: ray.get(host.finish.remote()))
+        finally:
+            try:
+                ray.get(host.close.remote(), timeout=60)
+            finally:
+                ray.kill(host, no_restart=True)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _unwrap(call: Callable[[], Any]) -> Any:
+    """Re-raises an error from inside an actor as its own type (not RayTaskError)."""
+    try:
+        return call()
+    except ray.exceptions.RayTaskError as e:
+        raise e.as_instanceof_cause() from None
