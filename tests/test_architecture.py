@@ -55,3 +55,31 @@ def test_importing_the_package_and_cli_imports_neither_ray_nor_torchvision():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert out.stdout.split() == ["False", "False"]
+
+
+def _calls(path: Path) -> list[ast.Call]:
+    return [
+        n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.Call)
+    ]
+
+
+def test_nothing_is_unpickled_from_user_paths():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if {"pickle", "cPickle", "dill", "cloudpickle"} & _imports(path):
+            offenders.append(f"{path.name}: imports a pickle module")
+        for call in _calls(path):
+            name = ast.unparse(call.func)
+            if name.endswith("torch.load"):
+                safe = any(
+                    k.arg == "weights_only" and ast.unparse(k.value) == "True"
+                    for k in call.keywords
+                )
+                if not safe:
+                    offenders.append(
+                        f"{path.name}:{call.lineno}: {name} without weights_only=True"
+                    )
+            if name in {"yaml.load", "yaml.unsafe_load", "np.load", "numpy.load"}:
+                offenders.append(f"{path.name}:{call.lineno}: {name}")
+
+    assert offenders == []
