@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raydpfl.privacy.dpsgd import PerSampleGradients
+from raydpfl.privacy.dpsgd import ClippedSumEngine
 from raydpfl.privacy.ledger import PrivacyCost
 
 Params = dict[str, torch.Tensor]
@@ -101,13 +101,14 @@ class ClientContext:
 
     Attributes:
         model: The worker's one resident model (used functionally; never trained in place).
-        per_sample: Per-sample gradient engine compiled once for that model.
+        clipping: Per-sample clipping engine built once for that model (book-keeping
+            or torch.func; see `raydpfl.privacy.dpsgd.make_engine`).
         generator: The client's RNG stream for this round (sampling and noise).
         device: Where tensors live.
     """
 
     model: nn.Module
-    per_sample: PerSampleGradients
+    clipping: ClippedSumEngine
     generator: torch.Generator
     device: torch.device
 

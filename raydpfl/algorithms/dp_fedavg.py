@@ -99,7 +99,7 @@ class DPFedAvg(Algorithm):
             positions = poisson_sample(n, task.sampling_rate, ctx.generator)
             x, y = data.batch(positions)
             grad, stats = dp_sgd_gradient(
-                ctx.per_sample,
+                ctx.clipping,
                 params,
                 x,
                 y,

@@ -24,6 +24,16 @@ class WorkerLostError(RuntimeError):
     """A worker died and could not be restarted."""
 
 
+def worker_threads(cpus_per_worker: float) -> int:
+    """Torch threads of a worker with this CPU share: max(1, floor(cpus)).
+
+    Every backend trains with this many threads per worker: CPU kernels may reduce in a
+    different order with another thread count, and results must not depend on the
+    backend.
+    """
+    return max(1, int(cpus_per_worker))
+
+
 class Backend(abc.ABC):
     """Runs client tasks on workers."""
 

@@ -41,6 +41,7 @@ AlgorithmName = Literal["fedavg", "dp_fedavg"]
 AccountantName = Literal["rdp", "prv", "dp_rdp", "pld"]
 BackendName = Literal["ray", "local"]
 DeviceName = Literal["cpu", "cuda", "auto"]
+EngineName = Literal["auto", "bookkeeping", "vmap"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +193,9 @@ class RuntimeConfig:
     # "ray://host:port" connects through Ray Client.
     address: str | None = None
     workers: int = 2  # ClientWorker actors; each hosts many clients (local backend: 1)
-    cpus_per_worker: float = 1.0  # torch threads per worker = max(1, floor(this))
+    # Torch threads of each worker's training = max(1, floor(this)), on every backend
+    # (the local backend's one worker too), so results do not depend on the backend.
+    cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0  # e.g. 0.25: four workers share one GPU
     # Fixed number of partial-sum groups per round; results do not depend on `workers`.
     aggregation_groups: int = 8
@@ -201,7 +204,9 @@ class RuntimeConfig:
     seed: int = 0
     output: str = "runs"  # parent folder of run directories
     device: DeviceName = "cpu"
-    threads: int | None = None  # torch threads of the local backend / server; null = default
+    threads: int | None = None  # torch threads of the server (evaluation); null = default
+    # Per-sample clipping: book-keeping norms where every layer has a rule, else torch.func.
+    engine: EngineName = "auto"
     progress: bool = True
 
     def __post_init__(self) -> None:

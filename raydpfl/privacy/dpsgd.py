@@ -20,12 +20,17 @@ noise, still counts, and is still charged — never resampled (opacus #161).
 The step is three stages — per-sample norms → per-sample weights → weighted gradient
 sum — then noise. Clipping is one weight rule (`clip_weights`); other rules (e.g.
 FedFDP's fair clipping) plug in at the weight stage without another training loop.
+Two engines implement the stages (`make_engine`): `PerSampleGradients` materialises
+per-sample gradients with torch.func; `bookkeeping.BookkeepingClipping` gets the norms
+from layer inputs and output gradients and never forms most per-sample gradients. Both
+give the same sum up to float error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +106,45 @@ class StepStats:
     clipped_fraction: float
     mean_norm: float
 
+    @classmethod
+    def of(cls, batch_size: int, clipped: int, norm_sum: float) -> StepStats:
+        """From counts: samples, samples whose weight was < 1, sum of their norms."""
+        return cls(
+            batch_size=batch_size,
+            clipped_fraction=clipped / batch_size if batch_size else 0.0,
+            mean_norm=norm_sum / batch_size if batch_size else 0.0,
+        )
+
+
+class ClippedSumEngine(Protocol):
+    """Computes Σ_i a_i ∇ℓ_i with a_i = weight_rule(‖∇ℓ_i‖) for a resident model."""
+
+    def clipped_sum(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor, weight_rule: WeightRule
+    ) -> tuple[Params, StepStats]:
+        """The weighted per-sample gradient sum and the step's statistics."""
+        ...
+
+
+ENGINES = ("auto", "bookkeeping", "vmap")
+
+
+def make_engine(model: nn.Module, kind: str = "auto") -> ClippedSumEngine:
+    """The per-sample clipping engine for `model`.
+
+    ``bookkeeping`` computes per-sample norms from layer inputs and output gradients
+    (`raydpfl.privacy.bookkeeping`); ``vmap`` materialises per-sample gradients with
+    torch.func; ``auto`` takes book-keeping wherever every layer has a rule for it.
+    Both give the same update up to float error.
+    """
+    from raydpfl.privacy import bookkeeping  # imports this module: import late
+
+    if kind not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {kind!r}")
+    if kind == "bookkeeping" or (kind == "auto" and bookkeeping.supports(model)):
+        return bookkeeping.BookkeepingClipping(model)
+    return PerSampleGradients(model)
+
 
 class PerSampleGradients:
     """Materialised per-sample gradients with `torch.func` (vmap of grad).
@@ -149,16 +193,11 @@ class PerSampleGradients:
                 total[name].add_(part)
             clipped += int((weights < 1.0).sum())
             norm_sum += float(norms.sum())
-        stats = StepStats(
-            batch_size=n,
-            clipped_fraction=clipped / n if n else 0.0,
-            mean_norm=norm_sum / n if n else 0.0,
-        )
-        return total, stats
+        return total, StepStats.of(n, clipped, norm_sum)
 
 
 def dp_sgd_gradient(
-    engine: PerSampleGradients,
+    engine: ClippedSumEngine,
     params: Params,
     x: torch.Tensor,
     y: torch.Tensor,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from raydpfl.algorithms import Algorithm, DPFedAvg, FedAvg
-from raydpfl.backends.base import Backend
+from raydpfl.backends.base import Backend, worker_threads
 from raydpfl.backends.local import LocalBackend
 from raydpfl.config.load import dump_config
 from raydpfl.config.schema import Config, ConfigError, DataConfig, PrivacyConfig
@@ -198,9 +198,10 @@ def make_local_backend(exp: Experiment) -> Backend:
     """The in-process backend: one resident worker (the Ray backend lives in
     `raydpfl.backends.ray`, started by `run_experiment`)."""
     rt = exp.config.runtime
-    return LocalBackend(
-        ClientWorker(exp.algorithm, exp.model_spec, exp.dataset, rt.seed, rt.device)
+    worker = ClientWorker(
+        exp.algorithm, exp.model_spec, exp.dataset, rt.seed, rt.device, rt.engine
     )
+    return LocalBackend(worker, worker_threads(rt.cpus_per_worker))
 
 
 def make_server(

@@ -25,7 +25,7 @@ from raydpfl.algorithms.base import (
 )
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.models import build_model
-from raydpfl.privacy.dpsgd import PerSampleGradients
+from raydpfl.privacy.dpsgd import make_engine
 from raydpfl.simulation.evaluation import EvalResult, evaluate
 from raydpfl.simulation.seeding import torch_generator
 
@@ -73,6 +73,7 @@ class ClientWorker:
         dataset: The federated records (numpy; wrapped as tensors without a copy on CPU).
         run_seed: The run's seed; each client's stream derives from it.
         device: ``cpu``, ``cuda`` or ``auto`` (resolved in this process).
+        engine: Per-sample clipping engine: ``auto``, ``bookkeeping`` or ``vmap``.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class ClientWorker:
         dataset: FederatedDataset,
         run_seed: int,
         device: str = "cpu",
+        engine: str = "auto",
     ) -> None:
         self.algorithm = algorithm
         self.run_seed = run_seed
@@ -89,7 +91,7 @@ class ClientWorker:
         self.model = model_spec.build().to(self.device)
         self.model.requires_grad_(False)  # used functionally; its own tensors are never trained
         self.params: Params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        self.per_sample = PerSampleGradients(self.model)
+        self.clipping = make_engine(self.model, engine)
         self.x = as_tensor(dataset.x, self.device)
         self.y = as_tensor(dataset.y, self.device)
         self.client_train = [as_tensor(i, self.device) for i in dataset.client_train]
@@ -109,7 +111,7 @@ class ClientWorker:
         data = ClientData(task.client_id, self.x, self.y, self.client_train[task.client_id])
         ctx = ClientContext(
             model=self.model,
-            per_sample=self.per_sample,
+            clipping=self.clipping,
             generator=torch_generator(
                 self.run_seed, task.round_idx, task.client_id, "train", device=self.device
             ),

@@ -3,11 +3,12 @@
 import time
 
 import pytest
+import torch
 
 from raydpfl.backends.base import RoundTimeoutError, WorkerLostError
-from raydpfl.config import ConfigError
+from raydpfl.config import ConfigError, config_from_dict
 from raydpfl.simulation.build import build_experiment, run_experiment
-from tests.conftest import small_config
+from tests.conftest import FASHION_MNIST_DIR, small_config
 
 pytestmark = pytest.mark.ray
 
@@ -128,3 +129,59 @@ def test_a_thousand_clients_never_travel_as_a_thousand_updates(ray_session):
 
     assert summary["rounds_completed"] == 2
     assert summary["updates_received_max"] <= 8
+
+
+def test_per_client_results_come_back_in_plan_order_and_equal_local(ray_session):
+    from raydpfl.backends.ray.backend import RayBackend
+    from raydpfl.simulation.build import make_local_backend
+
+    exp = build_experiment(_config(workers=2))
+    rt = exp.config.runtime
+    tasks = exp.algorithm.plan(0, [7, 1, 4, 10, 2], exp.dataset.train_sizes())
+    dataset_ref = ray_session.put(exp.dataset)
+    ray_backend = RayBackend(
+        (exp.algorithm, exp.model_spec, [dataset_ref], rt.seed, rt.device, rt.engine),
+        exp.dataset.train_sizes(),
+        num_workers=2,
+        cpus_per_worker=1.0,
+        gpus_per_worker=0.0,
+        max_restarts=0,
+        round_timeout_s=600.0,
+    )
+    try:
+        remote = ray_backend.run_tasks(exp.init_params, tasks)
+        remote_eval = ray_backend.evaluate_clients(exp.init_params, [3, 0, 11])
+    finally:
+        ray_backend.close()
+    with make_local_backend(exp) as local_backend:
+        local = local_backend.run_tasks(exp.init_params, tasks)
+        local_eval = local_backend.evaluate_clients(exp.init_params, [3, 0, 11])
+
+    assert [r.client_id for r in remote] == [7, 1, 4, 10, 2]
+    for a, b in zip(remote, local, strict=True):
+        assert all(torch.equal(a.update[k], b.update[k]) for k in a.update)
+        assert a.weight == b.weight
+    assert remote_eval == local_eval
+
+
+@pytest.mark.skipif(not FASHION_MNIST_DIR.exists(), reason="Debian dataset-fashion-mnist absent")
+def test_cnn_is_bit_identical_on_both_backends_whatever_the_callers_threads(ray_session):
+    # FedAvgCNN's CPU kernels reduce differently with 1 and 2 threads; both backends must
+    # train with the worker's thread count, not the calling process's (2 in the tests).
+    raw = {
+        "experiment": {
+            "data": {"dataset": "fashion_mnist", "num_clients": 30, "client_test_fraction": 0.0},
+            "model": {"name": "fedavg_cnn"},
+            "algorithm": {"rounds": 2, "clients_per_round": 4, "local_steps": 2, "lr": 0.1},
+            "privacy": {"noise_multiplier": 1.0, "sampling_rate": 0.03},
+        },
+        "runtime": {"progress": False, "cpus_per_worker": 1},
+    }
+    assert torch.get_num_threads() == 2
+
+    summaries = [
+        run_experiment(build_experiment(config_from_dict(raw, [f"runtime.backend={b}"])), None)
+        for b in ("local", "ray")
+    ]
+
+    assert summaries[0]["model_sha256"] == summaries[1]["model_sha256"]

@@ -28,11 +28,13 @@ class RayClientWorker(ClientWorker):
         dataset_box: list[Any],
         run_seed: int,
         device: str,
+        engine: str,
         *,
         threads: int,
     ) -> None:
         torch.set_num_threads(threads)
-        super().__init__(algorithm, model_spec, ray.get(dataset_box[0]), run_seed, device)
+        dataset = ray.get(dataset_box[0])
+        super().__init__(algorithm, model_spec, dataset, run_seed, device, engine)
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs: node, process, accelerator ids Ray granted, threads."""

@@ -27,7 +27,7 @@ import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from raydpfl.algorithms.base import ClientResult, ClientTask, WeightedUpdateSum
-from raydpfl.backends.base import Backend, RoundTimeoutError, WorkerLostError
+from raydpfl.backends.base import Backend, RoundTimeoutError, WorkerLostError, worker_threads
 from raydpfl.backends.ray.actors import RemoteClientWorker
 from raydpfl.simulation.evaluation import EvalResult
 from raydpfl.simulation.reduction import estimated_work, group_work, lpt_bins
@@ -38,10 +38,11 @@ class RayBackend(Backend):
 
     Args:
         worker_args: Positional arguments of `RayClientWorker` (algorithm, model spec,
-            boxed dataset reference, run seed, device).
+            boxed dataset reference, run seed, device, engine).
         train_sizes: |D_i| per client, for load balancing.
         num_workers: Number of worker actors.
-        cpus_per_worker: CPUs each worker reserves; its torch threads = max(1, floor()).
+        cpus_per_worker: CPUs each worker reserves; its torch threads =
+            `worker_threads(cpus_per_worker)`.
         gpus_per_worker: GPU fraction each worker reserves (e.g. 0.25: four per GPU).
         max_restarts: How often a dead worker is restarted (its calls re-run).
         round_timeout_s: Deadline for one round's calls; None waits forever.
@@ -69,7 +70,7 @@ class RayBackend(Backend):
             "max_restarts": max_restarts,
             "max_task_retries": max_restarts,
         }
-        threads = max(1, int(cpus_per_worker))
+        threads = worker_threads(cpus_per_worker)
         self.workers = [
             RemoteClientWorker.options(**options).remote(*worker_args, threads=threads)
             for _ in range(num_workers)
@@ -80,33 +81,15 @@ class RayBackend(Backend):
     def run_tasks(
         self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
     ) -> list[ClientResult]:
-        params_ref = ray.put(dict(global_params))
         work = [estimated_work(t, int(self.train_sizes[t.client_id])) for t in tasks]
-        bins = lpt_bins(work, len(self.workers))
-        refs = [
-            w.run_tasks.remote(params_ref, [tasks[i] for i in b])
-            for w, b in zip(self.workers, bins, strict=False)
-        ]
-        out: list[ClientResult | None] = [None] * len(tasks)
-        for b, results in zip(bins, self._get(refs, self.round_timeout_s, "a round"), strict=True):
-            for i, r in zip(b, results, strict=True):
-                out[i] = r
-        return out  # type: ignore[return-value]
+        return self._scatter("run_tasks", global_params, tasks, work)
 
     def run_groups(
         self, global_params: Mapping[str, torch.Tensor], groups: Sequence[Sequence[ClientTask]]
     ) -> list[WeightedUpdateSum]:
-        params_ref = ray.put(dict(global_params))
-        bins = lpt_bins(group_work(groups, self.train_sizes), len(self.workers))
-        refs = [
-            w.run_groups.remote(params_ref, [groups[i] for i in b])
-            for w, b in zip(self.workers, bins, strict=False)
-        ]
-        out: list[WeightedUpdateSum | None] = [None] * len(groups)
-        for b, sums in zip(bins, self._get(refs, self.round_timeout_s, "a round"), strict=True):
-            for i, s in zip(b, sums, strict=True):
-                out[i] = s
-        return out  # type: ignore[return-value]
+        return self._scatter(
+            "run_groups", global_params, groups, group_work(groups, self.train_sizes)
+        )
 
     def evaluate_clients(
         self, params: Mapping[str, torch.Tensor], client_ids: Sequence[int]
@@ -133,6 +116,27 @@ class RayBackend(Backend):
         self.workers = []
 
     # ---- helpers ------------------------------------------------------------------
+    def _scatter(
+        self,
+        method: str,
+        global_params: Mapping[str, torch.Tensor],
+        items: Sequence[Any],
+        work: Sequence[float],
+    ) -> list[Any]:
+        """Calls `method(params, items_of_worker)` on each worker, items split by LPT on
+        `work`, and returns the per-item results in the order of `items`."""
+        params_ref = ray.put(dict(global_params))  # one put per round, shared by all workers
+        bins = lpt_bins(work, len(self.workers))
+        refs = [
+            getattr(w, method).remote(params_ref, [items[i] for i in b])
+            for w, b in zip(self.workers, bins, strict=False)
+        ]
+        out: list[Any] = [None] * len(items)
+        for b, part in zip(bins, self._get(refs, self.round_timeout_s, "a round"), strict=True):
+            for i, result in zip(b, part, strict=True):
+                out[i] = result
+        return out
+
     def _get(self, refs: list[Any], timeout_s: float | None, what: str) -> list[Any]:
         try:
             return ray.get(refs, timeout=timeout_s)

@@ -14,6 +14,7 @@ so a run inside a Tune trial or an existing session leaves Ray alone.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,12 @@ class ServerHost:
 
     def __init__(self, exp: Experiment, dataset_box: list[Any], run_dir: str | None) -> None:
         rt = exp.config.runtime
-        torch.set_num_threads(rt.threads or max(1, int(rt.cpus_per_worker)))
+        # Evaluation runs here while the workers wait between rounds: use the node's cores.
+        torch.set_num_threads(rt.threads or len(os.sched_getaffinity(0)))
         dataset_ref = dataset_box[0]  # boxed so it arrives as a reference, not a copy
         exp = dataclasses.replace(exp, dataset=ray.get(dataset_ref))
         self.backend = RayBackend(
-            (exp.algorithm, exp.model_spec, [dataset_ref], rt.seed, rt.device),
+            (exp.algorithm, exp.model_spec, [dataset_ref], rt.seed, rt.device, rt.engine),
             exp.dataset.train_sizes(),
             num_workers=rt.workers,
             cpus_per_worker=rt.cpus_per_worker,

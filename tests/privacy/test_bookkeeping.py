@@ -1,0 +1,94 @@
+"""The book-keeping engine must give the materialised (torch.func) engine's update."""
+
+import pytest
+import torch
+from torch import nn
+
+from raydpfl.models import MODELS, build_model
+from raydpfl.privacy.bookkeeping import BookkeepingClipping, supports
+from raydpfl.privacy.dpsgd import PerSampleGradients, clip_weights, make_engine, per_sample_norms
+
+
+class _Mixed(nn.Module):
+    """Every rule at once: strided/padded conv, GroupNorm, Linear on (B, T, p), no-bias Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 6, 3, stride=2, padding=1)
+        self.norm = nn.GroupNorm(2, 6)
+        self.seq = nn.Linear(7, 5)
+        self.head = nn.Linear(6 * 5, 4, bias=False)
+
+    def forward(self, x):
+        h = torch.relu(self.norm(self.conv(x)))  # (B, 6, 7, 7)
+        h = torch.relu(self.seq(h.mean(2)))  # Linear over the last dim of (B, 6, 7)
+        return self.head(h.flatten(1))
+
+
+def _case(name):
+    torch.manual_seed(0)
+    if name == "mixed":
+        return _Mixed(), (1, 14, 14), 4
+    return build_model(name, (1, 28, 28), 10), (1, 28, 28), 10
+
+
+@pytest.mark.parametrize("name", [*MODELS, "mixed"])
+def test_bookkeeping_equals_materialised_per_sample_gradients(name):
+    model, shape, classes = _case(name)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x, y = torch.randn(13, *shape) * 3, torch.randint(0, classes, (13,))
+    vmap_engine, bk_engine = PerSampleGradients(model), BookkeepingClipping(model)
+    norms = per_sample_norms(vmap_engine.grads(params, x, y))
+    clip = float(norms.median())  # about half the samples are clipped
+    rule = lambda n: clip_weights(n, clip)  # noqa: E731
+
+    expected, expected_stats = vmap_engine.clipped_sum(params, x, y, rule)
+    actual, stats = bk_engine.clipped_sum(params, x, y, rule)
+
+    torch.testing.assert_close(bk_engine.norms(params, x, y), norms, rtol=1e-4, atol=1e-6)
+    assert actual.keys() == expected.keys()
+    for k in expected:
+        torch.testing.assert_close(actual[k], expected[k], rtol=1e-4, atol=1e-5)
+    assert stats.batch_size == 13 and stats.clipped_fraction == expected_stats.clipped_fraction
+
+
+def test_any_weight_rule_gives_the_same_weighted_sum():
+    model, shape, classes = _case("fedavg_cnn")
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x, y = torch.randn(9, *shape), torch.randint(0, classes, (9,))
+    # A fairness-style rule: weights that are not plain clipping (FedFDP scales by a factor).
+    rule = lambda n: 0.3 * clip_weights(n, 0.5) + 0.1  # noqa: E731
+
+    expected, _ = PerSampleGradients(model).clipped_sum(params, x, y, rule)
+    actual, _ = BookkeepingClipping(model).clipped_sum(params, x, y, rule)
+
+    for k in expected:
+        torch.testing.assert_close(actual[k], expected[k], rtol=1e-4, atol=1e-5)
+
+
+def test_empty_batch_gives_zeros_and_hooks_stay_silent_outside_a_step():
+    model, shape, _ = _case("mlp")
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    engine = BookkeepingClipping(model)
+
+    total, stats = engine.clipped_sum(
+        params, torch.zeros(0, *shape), torch.zeros(0).long(), lambda n: n
+    )
+    model(torch.randn(4, *shape))  # an evaluation pass must not record anything
+
+    assert stats.batch_size == 0
+    assert all(t.abs().sum() == 0 for t in total.values())
+    assert engine._records is None
+
+
+def test_auto_engine_falls_back_to_torch_func_for_unsupported_layers():
+    grouped = nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.Flatten(), nn.Linear(4, 2))
+    embedding = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(4, 2))
+
+    assert supports(build_model("fedavg_cnn", (1, 28, 28), 10))
+    assert not supports(grouped) and not supports(embedding)
+    assert isinstance(make_engine(grouped), PerSampleGradients)
+    assert isinstance(make_engine(build_model("mlp", (1, 28, 28), 10)), BookkeepingClipping)
+    assert isinstance(make_engine(build_model("mlp", (1, 28, 28), 10), "vmap"), PerSampleGradients)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        make_engine(grouped, "fast")
