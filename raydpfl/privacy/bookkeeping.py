@@ -70,6 +70,9 @@ class _Record:
     inputs: torch.Tensor
     output: torch.Tensor
     grad: torch.Tensor | None = None
+    # The per-sample weight gradients (B, q, p), kept when the norm rule formed them:
+    # the weighted sum is then a cheap contraction instead of another backward product.
+    per_sample: torch.Tensor | None = None
 
 
 class BookkeepingClipping:
@@ -170,8 +173,9 @@ def _norm_sq(rec: _Record) -> torch.Tensor:
         out = (
             torch.bmm(a_mat, a_mat.transpose(1, 2)) * torch.bmm(g_mat, g_mat.transpose(1, 2))
         ).sum((1, 2))
-    else:  # the per-sample weight gradient is small: form it
-        out = torch.bmm(g_mat.transpose(1, 2), a_mat).pow(2).sum((1, 2))
+    else:  # the per-sample weight gradient is small: form it (and keep it)
+        rec.per_sample = torch.bmm(g_mat.transpose(1, 2), a_mat)
+        out = rec.per_sample.pow(2).sum((1, 2))
     if m.bias is not None:
         out = out + g_mat.sum(1).pow(2).sum(1)
     return out
@@ -192,7 +196,17 @@ def _weighted_grads(rec: _Record, weights: torch.Tensor) -> Params:
     shape = (-1,) + (1,) * (g.dim() - 1)
     gw = g * weights.to(g.dtype).view(shape)
     out: Params = {}
-    if isinstance(m, nn.GroupNorm):
+    if rec.per_sample is not None:  # Σ_i a_i ∇W_i from the kept per-sample gradients
+        out["weight"] = torch.tensordot(weights.to(g.dtype), rec.per_sample, dims=1).view_as(
+            m.weight
+        )
+        if m.bias is not None:
+            out["bias"] = (
+                gw.flatten(2).sum((0, 2))
+                if isinstance(m, nn.Conv2d)
+                else gw.reshape(-1, gw.shape[-1]).sum(0)
+            )
+    elif isinstance(m, nn.GroupNorm):
         x_hat = F.group_norm(rec.inputs, m.num_groups, eps=m.eps)
         dims = (0, *range(2, g.dim()))
         out["weight"], out["bias"] = (gw * x_hat).sum(dims), gw.sum(dims)

@@ -10,19 +10,37 @@ from raydpfl.privacy.dpsgd import PerSampleGradients, clip_weights, make_engine,
 
 
 class _Mixed(nn.Module):
-    """Every rule at once: strided/padded conv, GroupNorm, Linear on (B, T, p), no-bias Linear."""
+    """Every rule at once: strided/padded conv, GroupNorm, Linear on (B, T, p) both with
+    the materialised rule (seq) and the ghost-norm rule (wide: T=2 ≪ p, q), no-bias."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(1, 6, 3, stride=2, padding=1)
         self.norm = nn.GroupNorm(2, 6)
         self.seq = nn.Linear(7, 5)
-        self.head = nn.Linear(6 * 5, 4, bias=False)
+        self.wide = nn.Linear(15, 40)
+        self.head = nn.Linear(80, 4, bias=False)
 
     def forward(self, x):
         h = torch.relu(self.norm(self.conv(x)))  # (B, 6, 7, 7)
-        h = torch.relu(self.seq(h.mean(2)))  # Linear over the last dim of (B, 6, 7)
+        h = torch.relu(self.seq(h.mean(2)))  # (B, 6, 5): T=6, materialised
+        h = torch.relu(self.wide(h.reshape(-1, 2, 15)))  # (B, 2, 40): ghost norm
         return self.head(h.flatten(1))
+
+
+def test_the_mixed_model_exercises_both_norm_rules():
+    from raydpfl.privacy.bookkeeping import _norm_sq, _positions
+
+    model = _Mixed()
+    engine = BookkeepingClipping(model)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    _, records = engine._norms(params, torch.randn(3, 1, 14, 14), torch.tensor([0, 1, 2]))
+    kept = {rec.prefix: rec.per_sample is not None for rec in records}
+
+    assert kept["seq"] and kept["conv"] and not kept["wide"]  # wide took the ghost branch
+    assert all(_norm_sq(r).shape == (3,) for r in records if r.prefix in ("seq", "wide"))
+    assert _positions(records[-2])[0].shape == (3, 2, 15)
 
 
 def _case(name):
