@@ -12,7 +12,8 @@ before dispatch. Client selection is treated as public: no amplification from it
 claimed, and clients are charged only for the rounds they take part in. Everything
 the server sees from a client is post-processing of its DP-SGD outputs, except the
 client's dataset size |D_i| (aggregation weight and DP-SGD denominator), which is
-treated as public and listed in `unaccounted_releases`.
+treated as public, and two training diagnostics (realised batch sizes and clipped
+fraction), which are not privatised; both are listed in `unaccounted_releases`.
 """
 
 from __future__ import annotations
@@ -85,7 +86,12 @@ class DPFedAvg(Algorithm):
         ]
 
     def unaccounted_releases(self) -> list[str]:
-        return ["client_dataset_sizes (aggregation weights and DP-SGD denominators q*|D_i|)"]
+        return [
+            "client_dataset_sizes (aggregation weights and DP-SGD denominators q*|D_i|)",
+            # Diagnostics for the researcher; computed on training records, not privatised.
+            "client_training_metrics (mean realised Poisson batch size and clipped fraction, "
+            "averaged over the round's clients, in rounds.parquet)",
+        ]
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask

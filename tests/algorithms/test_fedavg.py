@@ -85,3 +85,19 @@ def test_fedavg_declares_no_privacy_cost():
 
     assert all(t.privacy_cost is None for t in tasks)
     assert not FedAvg.is_private and DPFedAvg.is_private
+
+
+def test_dp_fedavg_names_what_it_releases_without_accounting():
+    algo = DPFedAvg(
+        clients_per_round=2,
+        local_steps=1,
+        lr=0.1,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+        sampling_rate=0.1,
+    )
+
+    released = " ".join(algo.unaccounted_releases())
+
+    assert "client_dataset_sizes" in released
+    assert "clipped fraction" in released and "batch size" in released
