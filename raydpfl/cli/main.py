@@ -90,6 +90,14 @@ def _build_parser() -> argparse.ArgumentParser:
     noise.set_defaults(handler=_cmd_privacy_noise)
     steps = psub.add_parser("steps", help="most steps of (sigma, q) within epsilon")
     _add_privacy_args(steps, epsilon=True, sigma=True)
+    steps.add_argument(
+        "--mode",
+        choices=("exact", "paper_compat"),
+        default="exact",
+        help="exact: largest count within epsilon under --accountant (default); "
+        "paper_compat: ALI-DPFL's Algorithm 3 as its authors coded it (classic RDP "
+        "conversion, integer orders, bisection to 0.01: may exceed epsilon by <= 0.01)",
+    )
     steps.set_defaults(handler=_cmd_privacy_steps)
 
     data = sub.add_parser("data", help="datasets: download files, partition statistics")
@@ -245,12 +253,27 @@ def _cmd_privacy_noise(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
-    from raydpfl.privacy.calibration import max_steps_for
+    from raydpfl.algorithms.ali_dpfl_theory import iteration_budget
 
-    steps = max_steps_for(args.epsilon, args.delta, args.sigma, args.q, args.accountant)
+    try:
+        steps = iteration_budget(
+            args.epsilon,
+            args.delta,
+            args.q,
+            args.sigma,
+            mode=args.mode,
+            accountant=args.accountant,
+        )
+    except ValueError as e:
+        raise ConfigError("", str(e)) from None
+    how = (
+        "ALI-DPFL paper_compat: classic conversion, may exceed epsilon by <= 0.01"
+        if args.mode == "paper_compat"
+        else f"accountant={args.accountant}"
+    )
     print(
         f"steps = {steps}  (epsilon<={args.epsilon}, sigma={args.sigma}, q={args.q}, "
-        f"delta={args.delta:g}, accountant={args.accountant})"
+        f"delta={args.delta:g}, {how})"
     )
     return 0
 

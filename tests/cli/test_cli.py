@@ -155,3 +155,16 @@ def test_data_stats_prints_partition_statistics(capsys):
 
     out = capsys.readouterr().out
     assert "30 clients" in out
+
+
+def test_privacy_steps_reproduces_ali_dpfls_iteration_budget(capsys):
+    args = ["privacy", "steps", "--epsilon", "2", "--sigma", "1.1", "--q", "0.015"]
+
+    assert main([*args, "--mode", "paper_compat"]) == 0
+    paper = capsys.readouterr().out
+    assert main(args) == 0
+    exact = capsys.readouterr().out
+
+    assert paper.startswith("steps = 317 ")  # the paper's R_c for epsilon = 2
+    assert "paper_compat" in paper
+    assert int(exact.split()[2]) > 0 and "accountant=rdp" in exact
