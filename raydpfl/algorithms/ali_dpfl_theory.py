@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from raydpfl.privacy.calibration import max_steps_for
+from raydpfl.privacy.calibration import largest_feasible_steps, max_steps_for
 
 #: The RDP orders of the authors' code (§4.7 [CODE]): integers 2..63 and 128, 256, 512.
 ALI_DPFL_ORDERS: tuple[int, ...] = (*range(2, 64), 128, 256, 512)
@@ -105,8 +105,8 @@ def iteration_budget(
         return max_steps_for(epsilon, delta, noise_multiplier, sampling_rate, accountant)
     if conversion != "classic":
         raise ValueError(f"conversion must be accountant or classic, got {conversion!r}")
-    return _largest_within(
-        lambda t: classic_epsilon(sampling_rate, noise_multiplier, t, delta), epsilon
+    return largest_feasible_steps(
+        lambda t: classic_epsilon(sampling_rate, noise_multiplier, t, delta) <= epsilon
     )
 
 
@@ -122,20 +122,6 @@ def _paper_bisection(eps: Callable[[float], float], target: float, hi: float = 1
         else:
             lo = mid
     return int(hi)
-
-
-def _largest_within(eps: Callable[[float], float], target: float, cap: int = 10**7) -> int:
-    if eps(1) > target:
-        return 0
-    lo, hi = 1, 2
-    while hi < cap and eps(hi) <= target:
-        lo, hi = hi, hi * 2
-    if hi >= cap and eps(cap) <= target:
-        return cap
-    while hi - lo > 1:  # invariant: eps(lo) <= target < eps(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if eps(mid) <= target else (lo, mid)
-    return lo
 
 
 def noise_term(

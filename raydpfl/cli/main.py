@@ -203,7 +203,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from raydpfl.simulation.build import build_experiment, run_experiment
-    from raydpfl.simulation.outputs import prepare_run_dir
+    from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 
     config = _load(args)
     run_dir = (
@@ -211,8 +211,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.out
         else _default_run_dir(config.runtime.output, config.experiment.name)
     )
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise FileExistsError(f"output directory {str(run_dir)!r} already exists and is not empty")
+    check_run_dir_free(run_dir)  # before loading any data; checked again on creation
     exp = build_experiment(config)
     prepare_run_dir(run_dir)
     progress = _Progress(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from raydpfl.privacy.accountants import (
     compute_epsilon,
@@ -196,6 +196,16 @@ def max_steps_for(
     def feasible(t: int) -> bool:
         return compute_epsilon((*prior, (*entry, t)), delta, accountant) <= target
 
+    return largest_feasible_steps(feasible)
+
+
+def largest_feasible_steps(feasible: Callable[[int], bool]) -> int:
+    """The largest integer T >= 0 with ``feasible(T)``, for a monotone predicate.
+
+    Doubles T from 1, then bisects over integers keeping a feasible lower end. Returns 0
+    when ``feasible(1)`` is false, and :data:`MAX_STEPS_CAP` (with a ``RuntimeWarning``)
+    when the cap itself is feasible.
+    """
     if not feasible(1):
         return 0
     lo, hi = 1, 2
@@ -204,9 +214,9 @@ def max_steps_for(
     if hi > MAX_STEPS_CAP:
         if feasible(MAX_STEPS_CAP):
             warnings.warn(
-                f"max_steps_for reached the search cap MAX_STEPS_CAP={MAX_STEPS_CAP}",
+                f"the step search reached its cap MAX_STEPS_CAP={MAX_STEPS_CAP}",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return MAX_STEPS_CAP
         hi = MAX_STEPS_CAP

@@ -28,7 +28,7 @@ from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.outputs import RunWriter
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
 from raydpfl.simulation.server import CentralTestSet, Server, ServerSettings
-from raydpfl.simulation.worker import ClientWorker, ModelSpec, as_tensor
+from raydpfl.simulation.worker import ClientWorker, ModelSpec, as_tensor, resolve_device
 
 Params = dict[str, torch.Tensor]
 
@@ -74,7 +74,7 @@ def build_experiment(config: Config) -> Experiment:
     if rt.threads is not None:
         torch.set_num_threads(rt.threads)
     # The server evaluates on this process's device; Ray workers resolve their own.
-    device = _resolve_device(rt.device) if rt.backend == "local" else _server_device(rt.device)
+    device = _server_device(rt.backend, rt.device)
     dataset = load_federated(exp.data, rt.seed)
     sizes = dataset.train_sizes()
     if (sizes == 0).any():
@@ -289,13 +289,13 @@ def _check_delta(delta: float, sizes: np.ndarray) -> None:
         )
 
 
-def _server_device(device: str) -> str:
-    return "cuda" if device in ("cuda", "auto") and torch.cuda.is_available() else "cpu"
-
-
-def _resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("runtime.device", "cuda was requested but no CUDA device is visible")
-    return device
+def _server_device(backend: str, device: str) -> str:
+    """The device of the server (and, locally, of the worker) in this process."""
+    if backend == "ray":  # Ray workers resolve their own device; the driver may have no GPU
+        return "cuda" if device in ("cuda", "auto") and torch.cuda.is_available() else "cpu"
+    try:
+        return str(resolve_device(device))
+    except RuntimeError:
+        raise ConfigError(
+            "runtime.device", "cuda was requested but no CUDA device is visible"
+        ) from None

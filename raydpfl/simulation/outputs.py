@@ -39,11 +39,17 @@ CLIENT_SCHEMA = pa.schema(
 )
 
 
-def prepare_run_dir(path: str | Path) -> Path:
-    """Creates the run directory; refuses one that already holds files (nothing is lost)."""
+def check_run_dir_free(path: str | Path) -> Path:
+    """Raises FileExistsError if `path` exists and is not an empty directory."""
     p = Path(path)
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
         raise FileExistsError(f"output directory {str(p)!r} already exists and is not empty")
+    return p
+
+
+def prepare_run_dir(path: str | Path) -> Path:
+    """Creates the run directory; refuses one that already holds files (nothing is lost)."""
+    p = check_run_dir_free(path)
     p.mkdir(parents=True, exist_ok=True)
     return p
 
