@@ -45,6 +45,11 @@ class ClientTask:
             releases nothing about the client's training records that needs accounting.
         model_key: Which broadcast model the client starts from.
         extras: Algorithm-specific scalars (λ, a global loss, a cluster id...).
+        kind: What the client half does: ``train`` (the round's local update) or an
+            algorithm-defined follow-up (e.g. ALI-DPFL's ``mu_stats``). It also names
+            the client's RNG stream, so a follow-up never replays the training draws.
+        payload: Per-client tensors sent with the task (e.g. the client's own last local
+            model, which a stateless worker no longer holds).
     """
 
     client_id: int
@@ -58,6 +63,8 @@ class ClientTask:
     privacy_cost: PrivacyCost | None = None
     model_key: str = "global"
     extras: Mapping[str, float] = field(default_factory=dict)
+    kind: str = "train"
+    payload: Mapping[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -225,9 +232,37 @@ class Algorithm(abc.ABC):
             return {n: t.clone() for n, t in global_params.items()}
         return {n: global_params[n] + mean[n] for n in global_params}
 
-    def after_round(self, round_idx: int, metrics: Mapping[str, float]) -> dict[str, float]:
-        """Hook for per-round optimisers (τ*, λ*, selection...); returns extra metrics."""
+    def followup_tasks(
+        self,
+        round_idx: int,
+        tasks: Sequence[ClientTask],
+        results: Sequence[ClientResult],
+        new_params: Params,
+    ) -> list[ClientTask]:
+        """Tasks to run after aggregation, from the new global parameters (non-linear
+        algorithms only): statistics a per-round optimiser needs from the clients.
+
+        Each task declares its privacy cost like a training task and is charged before
+        dispatch; a follow-up without a cost must be named in `unaccounted_releases`.
+        """
+        return []
+
+    def after_round(
+        self,
+        round_idx: int,
+        metrics: Mapping[str, float],
+        followups: Sequence[ClientResult] = (),
+    ) -> dict[str, float]:
+        """Hook for per-round optimisers (τ*, λ*, selection...); returns extra metrics.
+
+        `followups` are the results of `followup_tasks`, in plan order.
+        """
         return {}
+
+    def stop_reason(self) -> str | None:
+        """Why the run must stop before the next round (e.g. an iteration budget is
+        spent), or None to go on. Checked by the server before every round."""
+        return None
 
     def unaccounted_releases(self) -> list[str]:
         """Names of information this algorithm releases without privacy accounting."""

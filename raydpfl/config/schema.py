@@ -36,8 +36,8 @@ def _check(ok: bool, name: str, message: str) -> None:
 
 
 DatasetName = Literal["synthetic", "mnist", "fashion_mnist", "cifar10", "digits"]
-PartitionKind = Literal["iid", "dirichlet", "shards"]
-AlgorithmName = Literal["fedavg", "dp_fedavg"]
+PartitionKind = Literal["iid", "dirichlet", "dirichlet_capped", "shards"]
+AlgorithmName = Literal["fedavg", "dp_fedavg", "ali_dpfl", "dp_fedavg_fixed_tau"]
 AccountantName = Literal["rdp", "prv", "dp_rdp", "pld"]
 BackendName = Literal["ray", "local"]
 DeviceName = Literal["cpu", "cuda", "auto"]
@@ -93,6 +93,11 @@ class DataConfig:
     num_clients: int = 100
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     client_test_fraction: float = 0.2  # share of each client's records held out for its test
+    # train: partition the official training split, score on the official test split.
+    # all: PFLlib's protocol (ALI-DPFL): pool train+test, score on the clients' test splits.
+    pool: Literal["train", "all"] = "train"
+    # How a client's records split: test = round(f·n) (nearest) or train = floor((1−f)·n).
+    split_rounding: Literal["nearest", "floor_train"] = "nearest"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     seed: int | None = None  # partition seed; null = derived from runtime.seed
 
@@ -102,6 +107,12 @@ class DataConfig:
             0.0 <= self.client_test_fraction < 1.0,
             "client_test_fraction",
             f"must be in [0, 1), got {self.client_test_fraction}",
+        )
+        _check(
+            self.pool == "train" or self.client_test_fraction > 0,
+            "pool",
+            "pool: all scores the model on the clients' test splits, so "
+            "client_test_fraction must be > 0",
         )
 
 
@@ -117,16 +128,49 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AliDpflConfig:
+    """ALI-DPFL's options (algorithm `ali_dpfl`; R_c settings also for
+    `dp_fedavg_fixed_tau`). See shared/specs/ali-dpfl.md; defaults are its [REC]s."""
+
+    gamma: float = 10.0  # Γ: 10 for Dir(0.05); Table V: IID 0, Dir(0.5) 5, Dir(1) 1
+    gamma_mode: Literal["fixed", "code_estimate"] = "fixed"
+    mu_probe_size: int | None = 512  # records per client for the μ estimate; null = all
+    tau_formula: Literal["paper", "code", "consistent"] = "paper"
+    tau_init: int = 1
+    tau_max: int = 100
+    # R_c from the budget: exact (largest T with ε(T) ≤ ε) or the paper's bisection.
+    rc_mode: Literal["exact", "paper_compat"] = "exact"
+    # exact mode: the ledger's accountant, or the paper's classic RDP→DP conversion.
+    rc_conversion: Literal["accountant", "classic"] = "accountant"
+    last_round: Literal["truncate", "skip"] = "truncate"
+    # DP-SGD divisor: q·|D_i| (a public constant) or the realised batch size (paper).
+    normalizer: Literal["expected", "actual"] = "expected"
+
+    def __post_init__(self) -> None:
+        _check(self.gamma >= 0, "gamma", f"must be >= 0, got {self.gamma}")
+        _check(
+            self.mu_probe_size is None or self.mu_probe_size >= 1,
+            "mu_probe_size",
+            "must be null (all records) or >= 1",
+        )
+        _check(self.tau_init >= 1, "tau_init", f"must be >= 1, got {self.tau_init}")
+        _check(self.tau_max >= 1, "tau_max", f"must be >= 1, got {self.tau_max}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
     """The federated algorithm and its round schedule."""
 
     name: AlgorithmName = "dp_fedavg"
-    rounds: int = 20
+    rounds: int = 20  # ali_dpfl and dp_fedavg_fixed_tau: R_s, the most rounds
     clients_per_round: int = 10
     local_steps: int = 5  # τ
     lr: float = 0.1
     batch_size: int = 32  # fedavg only; DP-SGD batches are Poisson with rate privacy.sampling_rate
     eval_every: int = 1  # evaluate every k rounds (and always after the last)
+    # Also score the global model on every client's test split (clients.parquet).
+    evaluate_clients: bool = True
+    ali_dpfl: AliDpflConfig = field(default_factory=AliDpflConfig)
 
     def __post_init__(self) -> None:
         _check(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")

@@ -10,8 +10,10 @@ import numpy as np
 from raydpfl.data._checks import check_int, check_rng
 from raydpfl.data.datasets import ArrayDataset
 from raydpfl.data.partition import (
+    SPLIT_ROUNDINGS,
     PartitionStats,
     partition_dirichlet,
+    partition_dirichlet_capped,
     partition_iid,
     partition_shards,
     partition_stats,
@@ -21,7 +23,8 @@ from raydpfl.data.synthetic import make_synthetic
 
 __all__ = ["FederatedDataset", "federate", "synthetic_federated"]
 
-_PARTITIONS = ("iid", "dirichlet", "shards")
+_PARTITIONS = ("iid", "dirichlet", "dirichlet_capped", "shards")
+_POOLS = ("train", "all")
 _SPLITS = ("train", "test")
 
 
@@ -40,8 +43,10 @@ class FederatedDataset:
         y: int64 labels of the pool, shape (N,).
         client_train: Per-client sorted int64 indices into `x` for local training.
         client_test: Per-client sorted int64 indices into `x` for local evaluation.
-        x_test: float32 central held-out test inputs.
-        y_test: int64 central held-out test labels.
+        x_test: float32 central test inputs: held out from every client, or (from
+            `federate(pool="all")` and `synthetic_federated`) the union of the
+            clients' local test splits.
+        y_test: int64 central test labels, aligned with `x_test`.
     """
 
     name: str
@@ -109,59 +114,103 @@ def federate(
     alpha: float = 0.5,
     shards_per_client: int = 2,
     client_test_fraction: float = 0.2,
-    min_samples_per_client: int = 2,
+    min_samples_per_client: int | None = None,
+    pool: str = "train",
+    split_rounding: str = "nearest",
 ) -> FederatedDataset:
-    """Partitions a centralised training set among clients.
+    """Partitions a centralised dataset among clients.
 
-    The pool is `dataset.x_train` itself (not copied); each client's share is split
-    into local train/test with `split_train_test`, and `dataset.x_test/y_test` becomes
-    the central test set.
+    pool="train" (default): the pool is `dataset.x_train` itself (not copied), and
+    `dataset.x_test/y_test` is the central test set, disjoint from every client.
+
+    pool="all" (PFLlib's generator, as in the ALI-DPFL experiments; specs/ali-dpfl.md
+    §6.1, A20): the pool is the concatenation x_train + x_test, in that order (a copy;
+    e.g. Fashion-MNIST gives 70,000 records). There is then no held-out data: the
+    central test set is the union of the clients' local test splits, gathered from the
+    pool in client order (x_test = x[concat(client_test)]), so it is made of client
+    records and each of them is also some client's local test data. This needs
+    client_test_fraction > 0.
+
+    Either way each client's share is split into local train/test with
+    `split_train_test` (`split_rounding` chooses its rounding; PFLlib's 75/25 split is
+    client_test_fraction=0.25 with split_rounding="floor_train", train = floor(0.75 n)).
 
     Args:
         dataset: The centralised dataset.
-        num_clients: Number of clients; in [1, len(dataset.x_train)].
-        partition: "iid", "dirichlet" or "shards".
+        num_clients: Number of clients; in [1, pool size].
+        partition: "iid", "dirichlet", "dirichlet_capped" (PFLlib's Dirichlet with a
+            size cap, `partition_dirichlet_capped`) or "shards".
         rng: Source of randomness for both the partition and the local splits.
-        alpha: Dirichlet concentration (partition="dirichlet" only).
+        alpha: Dirichlet concentration (the two Dirichlet partitions only).
         shards_per_client: Shards per client (partition="shards" only).
         client_test_fraction: Fraction of each client's share held out locally, [0, 1).
-        min_samples_per_client: Minimum client share (partition="dirichlet" only).
+        min_samples_per_client: Minimum client share (the two Dirichlet partitions
+            only); None uses the partitioner's default (2 for "dirichlet", PFLlib's 10
+            for "dirichlet_capped").
+        pool: "train" or "all", as above.
+        split_rounding: "nearest" or "floor_train"; see `split_train_test`.
 
     Returns:
         The `FederatedDataset`.
 
     Raises:
-        ValueError: If `partition` is unknown or an argument is out of range.
+        ValueError: If `partition`, `pool` or `split_rounding` is unknown, an argument
+            is out of range, or pool="all" with client_test_fraction == 0.
     """
     if partition not in _PARTITIONS:
         raise ValueError(f"partition must be one of {_PARTITIONS}, got {partition!r}")
+    if pool not in _POOLS:
+        raise ValueError(f"pool must be one of {_POOLS}, got {pool!r}")
+    if split_rounding not in SPLIT_ROUNDINGS:
+        raise ValueError(
+            f"split_rounding must be one of {SPLIT_ROUNDINGS}, got {split_rounding!r}"
+        )
+    if pool == "all" and not (
+        isinstance(client_test_fraction, numbers.Real) and client_test_fraction > 0
+    ):
+        raise ValueError(
+            "client_test_fraction must be > 0 with pool='all' (the central test set is "
+            f"the union of the client test splits), got {client_test_fraction!r}"
+        )
     num_clients = check_int("num_clients", num_clients, 1)
     check_rng(rng)
-    num_samples = len(dataset.y_train)
+    if pool == "all":
+        x = np.concatenate([dataset.x_train, dataset.x_test])
+        y = np.concatenate([dataset.y_train, dataset.y_test])
+    else:
+        x, y = dataset.x_train, dataset.y_train
+    num_samples = len(y)
     if num_clients > num_samples:
         raise ValueError(
-            f"num_clients ({num_clients}) must be <= the {num_samples} training samples "
-            f"of {dataset.name}"
+            f"num_clients ({num_clients}) must be <= the {num_samples} pooled samples "
+            f"of {dataset.name} (pool={pool!r})"
         )
     if partition == "iid":
         parts = partition_iid(num_samples, num_clients, rng)
     elif partition == "dirichlet":
-        parts = partition_dirichlet(
-            dataset.y_train, num_clients, alpha, rng, min_samples_per_client
-        )
+        minimum = 2 if min_samples_per_client is None else min_samples_per_client
+        parts = partition_dirichlet(y, num_clients, alpha, rng, minimum)
+    elif partition == "dirichlet_capped":
+        minimum = 10 if min_samples_per_client is None else min_samples_per_client
+        parts = partition_dirichlet_capped(y, num_clients, alpha, rng, minimum)
     else:
-        parts = partition_shards(dataset.y_train, num_clients, shards_per_client, rng)
-    train, test = split_train_test(parts, client_test_fraction, rng)
+        parts = partition_shards(y, num_clients, shards_per_client, rng)
+    train, test = split_train_test(parts, client_test_fraction, rng, rounding=split_rounding)
+    if pool == "all":
+        test_idx = np.concatenate(test)
+        x_test, y_test = x[test_idx], y[test_idx]
+    else:
+        x_test, y_test = dataset.x_test, dataset.y_test
     return FederatedDataset(
         name=dataset.name,
         num_classes=dataset.num_classes,
         input_shape=tuple(dataset.input_shape),
-        x=dataset.x_train,
-        y=dataset.y_train,
+        x=x,
+        y=y,
         client_train=tuple(train),
         client_test=tuple(test),
-        x_test=dataset.x_test,
-        y_test=dataset.y_test,
+        x_test=x_test,
+        y_test=y_test,
     )
 
 

@@ -16,8 +16,10 @@ import numpy as np
 from raydpfl.data._checks import check_int, check_labels, check_nonnegative, check_rng
 
 __all__ = [
+    "SPLIT_ROUNDINGS",
     "PartitionStats",
     "partition_dirichlet",
+    "partition_dirichlet_capped",
     "partition_iid",
     "partition_shards",
     "partition_stats",
@@ -25,6 +27,7 @@ __all__ = [
 ]
 
 _DIRICHLET_MAX_TRIES = 1000
+SPLIT_ROUNDINGS = ("nearest", "floor_train")
 _SUMMARY_MAX_CLIENT_ROWS = 10
 
 
@@ -133,6 +136,110 @@ def partition_dirichlet(
     )
 
 
+def _capped_dirichlet_draw(
+    by_class: list[np.ndarray],
+    num_clients: int,
+    alpha: float,
+    num_samples: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray] | None:
+    """One pass of the capped scheme; None if a class found no client to take it."""
+    shares: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    sizes = np.zeros(num_clients, dtype=np.int64)
+    for members in by_class:
+        members = rng.permutation(members)
+        proportions = rng.dirichlet(np.full(num_clients, alpha))
+        # The cap: a client already holding >= num_samples / num_clients gets nothing
+        # (integer form of PFLlib's `len(idx_j) < N / num_clients`).
+        proportions = np.where(sizes * num_clients < num_samples, proportions, 0.0)
+        total = proportions.sum()
+        if not total > 0:
+            # Every client under the cap drew an exact 0 (possible at tiny alpha);
+            # PFLlib would divide 0 by 0 here. Treat the draw as failed.
+            return None
+        cumulative = np.cumsum(proportions / total)
+        # Trailing zero-proportion (capped) clients must get nothing, even when the
+        # cumulative sum rounds to a hair below 1.
+        cumulative[np.flatnonzero(proportions)[-1] :] = 1.0
+        cuts = np.clip(cumulative[:-1] * len(members), 0, len(members)).astype(np.int64)
+        for client, chunk in enumerate(np.split(members, cuts)):
+            shares[client].append(chunk)
+            sizes[client] += len(chunk)
+    return [np.concatenate(s) if s else np.empty(0, np.int64) for s in shares]
+
+
+def partition_dirichlet_capped(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_samples_per_client: int = 10,
+) -> list[np.ndarray]:
+    """Label-skewed Dirichlet partition with PFLlib's per-client size cap.
+
+    The scheme of PFLlib's `separate_data(partition="dir")`, which the ALI-DPFL
+    experiments use (specs/ali-dpfl.md §6.1, ambiguity A20). With |D| = len(labels)
+    and N = num_clients, classes are processed in ascending label order; for each:
+
+    1. shuffle the class's indices and draw p ~ Dir(alpha * 1_N);
+    2. zero p_i for every client i that already holds >= |D| / N samples (the cap);
+    3. renormalise p and split the shuffled indices at floor(cumsum(p) * n_class).
+
+    The whole draw is repeated (continuing the same rng) until every client holds at
+    least `min_samples_per_client` samples (PFLlib/ALI-DPFL: 10), at most 1000 times.
+
+    What the cap guarantees: a client receives a chunk of a class only while it holds
+    fewer than |D| / N samples, so a client at or over the cap never grows again and
+    every client's final size is < |D| / N + (size of the last class chunk it
+    received) <= |D| / N + (largest class size). Equivalently, for each client the
+    samples of all classes before its last non-empty class number < |D| / N.
+
+    Differences from PFLlib: the randomness is this numpy `Generator`, not the legacy
+    global `np.random` seeded with 1, so the draws (and the resulting client sizes)
+    differ from PFLlib's seed-1 partitions. A trailing capped client is also never
+    handed a stray sample when the cumulative proportions round a hair below 1, and a
+    draw in which every uncapped client gets an exact-zero proportion is retried
+    (PFLlib would divide by zero).
+
+    Args:
+        labels: 1-D non-negative integer class labels; its length is the sample count.
+        num_clients: Number of clients; >= 1.
+        alpha: Dirichlet concentration; > 0 (ALI-DPFL uses 0.05, 0.5 and 1).
+        rng: Source of randomness.
+        min_samples_per_client: Minimum client size to accept a draw; >= 0.
+
+    Returns:
+        `num_clients` sorted int64 index arrays covering every sample exactly once.
+
+    Raises:
+        ValueError: If an argument is out of range or no draw within 1000 tries meets
+            `min_samples_per_client`.
+    """
+    labels = check_labels(labels)
+    num_clients = check_int("num_clients", num_clients, 1)
+    alpha = check_nonnegative("alpha", alpha)
+    if alpha == 0:
+        raise ValueError("alpha must be a finite real number > 0, got 0")
+    check_rng(rng)
+    min_samples_per_client = check_int("min_samples_per_client", min_samples_per_client, 0)
+    _check_clients_fit(num_clients, len(labels))
+    if num_clients * min_samples_per_client > len(labels):
+        raise ValueError(
+            f"min_samples_per_client ({min_samples_per_client}) x num_clients "
+            f"({num_clients}) exceeds the {len(labels)} samples; lower either"
+        )
+    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    for _ in range(_DIRICHLET_MAX_TRIES):
+        parts = _capped_dirichlet_draw(by_class, num_clients, alpha, len(labels), rng)
+        if parts is not None and min(len(p) for p in parts) >= min_samples_per_client:
+            return _sorted_parts(parts)
+    raise ValueError(
+        f"partition_dirichlet_capped: no draw in {_DIRICHLET_MAX_TRIES} tries gave every "
+        f"client >= {min_samples_per_client} samples; increase alpha, lower num_clients "
+        "or lower min_samples_per_client"
+    )
+
+
 def partition_shards(
     labels: np.ndarray,
     num_clients: int,
@@ -179,31 +286,45 @@ def partition_shards(
 
 
 def split_train_test(
-    parts: Sequence[np.ndarray], test_fraction: float, rng: np.random.Generator
+    parts: Sequence[np.ndarray],
+    test_fraction: float,
+    rng: np.random.Generator,
+    *,
+    rounding: str = "nearest",
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Randomly splits each client's indices into a train and a test part.
 
-    A client gets round(test_fraction * n) test samples (halves rounded up), clamped
-    so that any client with n >= 2 keeps at least one train and, when
-    test_fraction > 0, at least one test sample. A client with a single sample keeps it
-    for training.
+    With f = test_fraction and n a client's size, the test count is
+    - rounding="nearest" (default): round(f * n), halves rounded up;
+    - rounding="floor_train": n - floor((1 - f) * n), i.e. train = floor((1 - f) * n).
+      This is sklearn's `train_test_split(train_size=1 - f)` as PFLlib's generator
+      calls it (train_size 0.75, so train = floor(0.75 n); specs/ali-dpfl.md §6.1).
+      The two differ whenever f * n has a fractional part in (0, 0.5): for f = 0.25,
+      n = 9 "nearest" gives 7 train / 2 test and "floor_train" 6 / 3.
+
+    Either count is then clamped so that any client with n >= 2 keeps at least one
+    train and, when test_fraction > 0, at least one test sample. A client with a single
+    sample keeps it for training (sklearn would raise there instead).
 
     Args:
         parts: One 1-D integer index array per client.
         test_fraction: Fraction held out per client, in [0, 1).
         rng: Source of randomness.
+        rounding: "nearest" or "floor_train", as above.
 
     Returns:
         `(train_parts, test_parts)`, lists of sorted int64 arrays aligned with `parts`;
         with test_fraction == 0 every test array is empty.
 
     Raises:
-        ValueError: If `test_fraction` is outside [0, 1) or a part is not a 1-D integer
-            array.
+        ValueError: If `test_fraction` is outside [0, 1), `rounding` is unknown or a
+            part is not a 1-D integer array.
     """
     test_fraction = check_nonnegative("test_fraction", test_fraction)
     if test_fraction >= 1:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
+    if rounding not in SPLIT_ROUNDINGS:
+        raise ValueError(f"rounding must be one of {SPLIT_ROUNDINGS}, got {rounding!r}")
     check_rng(rng)
     train_parts, test_parts = [], []
     for client, part in enumerate(parts):
@@ -212,7 +333,10 @@ def split_train_test(
         if indices.ndim != 1 or not is_integer:
             raise ValueError(f"parts[{client}] must be a 1-D integer index array")
         n = len(indices)
-        n_test = int(np.floor(test_fraction * n + 0.5))
+        if rounding == "nearest":
+            n_test = int(np.floor(test_fraction * n + 0.5))
+        else:
+            n_test = n - int(np.floor((1 - test_fraction) * n))
         if test_fraction > 0 and n >= 2:
             n_test = min(max(n_test, 1), n - 1)
         elif n < 2:

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from raydpfl.algorithms import Algorithm, DPFedAvg, FedAvg
+from raydpfl.algorithms.ali_dpfl import AliDpfl, DPFedAvgFixedTau
+from raydpfl.algorithms.ali_dpfl_theory import classic_epsilon, iteration_budget
 from raydpfl.backends.base import Backend, worker_threads
 from raydpfl.backends.local import LocalBackend
 from raydpfl.config.load import dump_config
@@ -23,7 +25,7 @@ from raydpfl.config.schema import Config, ConfigError, DataConfig, PrivacyConfig
 from raydpfl.data.datasets import load_dataset
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
 from raydpfl.privacy.accountants import describe_accountant
-from raydpfl.privacy.calibration import noise_multiplier_for
+from raydpfl.privacy.calibration import epsilon_for, noise_multiplier_for
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.outputs import RunWriter
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
@@ -104,48 +106,17 @@ def build_experiment(config: Config) -> Experiment:
         "backend": rt.backend,
         "workers": rt.workers if rt.backend == "ray" else 1,
     }
-    ledger = None
-    if exp.algorithm.name == "fedavg":
-        algorithm: Algorithm = FedAvg(
-            clients_per_round=exp.algorithm.clients_per_round,
-            local_steps=exp.algorithm.local_steps,
-            lr=exp.algorithm.lr,
-            batch_size=exp.algorithm.batch_size,
-        )
-        metadata["privacy"] = {"unit": "none: non-private run (epsilon is infinite)"}
-    else:
-        sigma, calibrated = _noise_multiplier(
-            exp.privacy, exp.algorithm.rounds * exp.algorithm.local_steps
-        )
-        _check_delta(exp.privacy.delta, sizes)
-        algorithm = DPFedAvg(
-            clients_per_round=exp.algorithm.clients_per_round,
-            local_steps=exp.algorithm.local_steps,
-            lr=exp.algorithm.lr,
-            clip_norm=exp.privacy.clip_norm,
-            noise_multiplier=sigma,
-            sampling_rate=exp.privacy.sampling_rate,
-        )
-        ledger = PrivacyLedger(exp.privacy.accountant, exp.privacy.delta, exp.privacy.epsilon)
-        metadata["privacy"] = {
-            **PRIVACY_STATEMENT,
-            "accountant": describe_accountant(exp.privacy.accountant),
-            "epsilon_budget": exp.privacy.epsilon,
-            "delta": exp.privacy.delta,
-            "noise_multiplier": sigma,
-            "noise_calibrated": calibrated,
-            "sampling_rate": exp.privacy.sampling_rate,
-            "clip_norm": exp.privacy.clip_norm,
-        }
+    algorithm, ledger, privacy = _make_algorithm(config, sizes, model)
+    metadata["privacy"] = privacy
     extra = []
-    if exp.data.client_test_fraction > 0:
+    if exp.data.client_test_fraction > 0 and exp.algorithm.evaluate_clients:
         extra.append(
             "client_test_metrics (per-client test loss/accuracy on held-out client records)"
         )
-    if exp.data.dataset == "synthetic":
+    if exp.data.dataset == "synthetic" or exp.data.pool == "all":
         extra.append(
-            "central_test_metrics (the synthetic central test set is the union of the "
-            "clients' held-out records)"
+            "central_test_metrics (the central test set is the union of the clients' "
+            "held-out records)"
         )
     return Experiment(
         config=config,
@@ -158,6 +129,123 @@ def build_experiment(config: Config) -> Experiment:
         metadata=metadata,
         extra_unaccounted=extra,
     )
+
+
+def _make_algorithm(
+    config: Config, sizes: np.ndarray, model: torch.nn.Module
+) -> tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]:
+    """The algorithm, its ledger (None when non-private) and the privacy metadata."""
+    exp = config.experiment
+    algo, privacy = exp.algorithm, exp.privacy
+    if algo.name == "fedavg":
+        fedavg = FedAvg(
+            clients_per_round=algo.clients_per_round,
+            local_steps=algo.local_steps,
+            lr=algo.lr,
+            batch_size=algo.batch_size,
+        )
+        return fedavg, None, {"unit": "none: non-private run (epsilon is infinite)"}
+    _check_delta(privacy.delta, sizes)
+    ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
+    meta: dict[str, Any] = {
+        **PRIVACY_STATEMENT,
+        "accountant": describe_accountant(privacy.accountant),
+        "epsilon_budget": privacy.epsilon,
+        "delta": privacy.delta,
+        "sampling_rate": privacy.sampling_rate,
+        "clip_norm": privacy.clip_norm,
+    }
+    if algo.name == "dp_fedavg":
+        sigma, calibrated = _noise_multiplier(privacy, algo.rounds * algo.local_steps)
+        algorithm: Algorithm = DPFedAvg(
+            clients_per_round=algo.clients_per_round,
+            local_steps=algo.local_steps,
+            lr=algo.lr,
+            clip_norm=privacy.clip_norm,
+            noise_multiplier=sigma,
+            sampling_rate=privacy.sampling_rate,
+        )
+        meta.update(noise_multiplier=sigma, noise_calibrated=calibrated)
+        return algorithm, ledger, meta
+    return _ali(config, sizes, model, ledger, meta)
+
+
+def _ali(
+    config: Config,
+    sizes: np.ndarray,
+    model: torch.nn.Module,
+    ledger: PrivacyLedger,
+    meta: dict[str, Any],
+) -> tuple[Algorithm, PrivacyLedger, dict[str, Any]]:
+    """ALI-DPFL or its fixed-τ baseline: σ fixed, the budget sets R_c (Algorithm 3)."""
+    exp = config.experiment
+    algo, privacy, ali = exp.algorithm, exp.privacy, exp.algorithm.ali_dpfl
+    if privacy.noise_multiplier is None:
+        raise ConfigError(
+            "experiment.privacy.noise_multiplier",
+            f"{algo.name} needs a fixed sigma (the budget sets the iteration cap R_c, "
+            "not sigma); the paper's is 1.1",
+        )
+    sigma, q = privacy.noise_multiplier, privacy.sampling_rate
+    try:
+        r_c = iteration_budget(
+            privacy.epsilon,
+            privacy.delta,
+            q,
+            sigma,
+            mode=ali.rc_mode,
+            conversion=ali.rc_conversion,
+            accountant=privacy.accountant,
+        )
+    except ValueError as e:
+        raise ConfigError("experiment.privacy", f"cannot derive R_c: {e}") from None
+    if r_c < 1:
+        raise ConfigError(
+            "experiment.privacy.epsilon",
+            f"the budget allows no DP-SGD iteration at sigma={sigma}, q={q}; raise epsilon",
+        )
+    num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    min_batch = max(1.0, q * float(sizes.min()))
+    common = dict(
+        clients_per_round=algo.clients_per_round,
+        rounds_budget=algo.rounds,
+        iteration_budget=r_c,
+        lr=algo.lr,
+        clip_norm=privacy.clip_norm,
+        noise_multiplier=sigma,
+        sampling_rate=q,
+        num_params=num_params,
+        min_batch=min_batch,
+        normalizer=ali.normalizer,
+    )
+    algorithm: AliDpfl
+    if algo.name == "dp_fedavg_fixed_tau":
+        algorithm = DPFedAvgFixedTau(local_steps=algo.local_steps, **common)
+    else:
+        algorithm = AliDpfl(
+            **common,
+            gamma=ali.gamma,
+            gamma_mode=ali.gamma_mode,
+            mu_probe_size=ali.mu_probe_size,
+            tau_formula=ali.tau_formula,
+            tau_init=ali.tau_init,
+            tau_max=ali.tau_max,
+            last_round=ali.last_round,
+        )
+    meta.update(
+        noise_multiplier=sigma,
+        noise_calibrated=False,
+        iteration_budget_R_c=r_c,
+        rounds_budget_R_s=algo.rounds,
+        rc_mode=ali.rc_mode,
+        rc_conversion="classic" if ali.rc_mode == "paper_compat" else ali.rc_conversion,
+        classic_epsilon_at_R_c=classic_epsilon(q, sigma, r_c, privacy.delta),
+        ledger_epsilon_at_R_c=epsilon_for(sigma, q, r_c, privacy.delta, privacy.accountant),
+        min_batch_B_hat=min_batch,
+        num_params_d=num_params,
+        adaptive_tau=algorithm.adaptive,
+    )
+    return algorithm, ledger, meta
 
 
 def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
@@ -189,6 +277,8 @@ def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
             shards_per_client=data.partition.shards_per_client,
             client_test_fraction=data.client_test_fraction,
             min_samples_per_client=data.partition.min_samples_per_client,
+            pool=data.pool,
+            split_rounding=data.split_rounding,
         )
     except ValueError as e:
         raise ConfigError("experiment.data", str(e)) from None
@@ -222,7 +312,8 @@ def make_server(
         run_seed=exp.config.runtime.seed,
         rounds=algo.rounds,
         eval_every=algo.eval_every,
-        evaluate_clients=exp.config.experiment.data.client_test_fraction > 0,
+        evaluate_clients=algo.evaluate_clients
+        and exp.config.experiment.data.client_test_fraction > 0,
         aggregation_groups=exp.config.runtime.aggregation_groups,
         metadata=exp.metadata,
         extra_unaccounted=tuple(exp.extra_unaccounted),

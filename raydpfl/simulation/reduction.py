@@ -30,7 +30,8 @@ def estimated_work(task: ClientTask, num_examples: int) -> float:
         per_step = min(task.batch_size, num_examples)
     else:
         per_step = num_examples
-    return task.local_steps * max(per_step, 1.0)
+    # A follow-up task (no local steps, e.g. statistics) still costs about one pass.
+    return max(task.local_steps, 1) * max(per_step, 1.0)
 
 
 def lpt_bins(work: Sequence[float], num_bins: int) -> list[list[int]]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raydpfl.algorithms.base import Algorithm, ClientTask, WeightedUpdateSum
+from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.backends.base import Backend
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.evaluation import EvalResult, evaluate
@@ -122,6 +122,10 @@ class Server:
         t0 = time.perf_counter()
         if self._started is None:
             self._started = t0
+        reason = self.algorithm.stop_reason()
+        if reason is not None:
+            self.stop_reason = reason
+            return False
         rng = numpy_rng(self.settings.run_seed, round_idx, SERVER, "select")
         cohort = self.algorithm.select(round_idx, self.num_clients, rng)
         tasks = self.algorithm.plan(round_idx, cohort, self.train_sizes)
@@ -129,6 +133,7 @@ class Server:
         if not dispatched and refused and self._budget_exhausted(refused):
             self.stop_reason = "privacy budget exhausted for every client"
             return False
+        followups: list[ClientResult] = []
         if self.algorithm.linear_aggregation:
             groups = group_tasks(dispatched, self.train_sizes, self.settings.aggregation_groups)
             partials = backend.run_groups(self.params, groups) if groups else []
@@ -140,9 +145,14 @@ class Server:
             self.params = self.algorithm.aggregate(self.params, dispatched, results)
             trained, received = len(results), len(results)
             metrics = _mean_metrics([r.metrics for r in results])
+            extra = self.algorithm.followup_tasks(round_idx, dispatched, results, self.params)
+            # Follow-ups are charged like training tasks; a refused one is simply not run.
+            extra_sent, _ = self._charge(extra)
+            if extra_sent:
+                followups = backend.run_tasks(self.params, extra_sent)
         row = self._round_row(round_idx, dispatched, refused, trained, received)
         row.update(metrics)
-        row.update(self.algorithm.after_round(round_idx, row))
+        row.update(self.algorithm.after_round(round_idx, row, followups))
         self._evaluate(backend, round_idx, row)
         row["wall_seconds"] = time.perf_counter() - t0
         self.rows.append(row)
@@ -207,7 +217,8 @@ class Server:
         return row
 
     def _evaluate(self, backend: Backend, round_idx: int, row: dict[str, Any]) -> None:
-        last = round_idx + 1 == self.settings.rounds
+        # The last round is always scored, also when the algorithm ends the run early.
+        last = round_idx + 1 == self.settings.rounds or self.algorithm.stop_reason() is not None
         if not (last or (round_idx + 1) % self.settings.eval_every == 0):
             return
         central = self.test_set.evaluate(self.params)

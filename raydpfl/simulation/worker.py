@@ -8,6 +8,7 @@ in-process (local backend) and inside a Ray actor (Ray backend).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -108,12 +109,16 @@ class ClientWorker:
     ) -> ClientResult:
         """Runs one client's task from `global_params` on that client's data."""
         self.load_params(global_params)
+        if task.payload is not None:  # per-client tensors travel to the worker's device
+            task = dataclasses.replace(
+                task, payload={n: t.to(self.device) for n, t in task.payload.items()}
+            )
         data = ClientData(task.client_id, self.x, self.y, self.client_train[task.client_id])
         ctx = ClientContext(
             model=self.model,
             clipping=self.clipping,
             generator=torch_generator(
-                self.run_seed, task.round_idx, task.client_id, "train", device=self.device
+                self.run_seed, task.round_idx, task.client_id, task.kind, device=self.device
             ),
             device=self.device,
         )

@@ -1,5 +1,6 @@
 """The Ray backend: same results as the local backend, placement, faults, deadlines."""
 
+import dataclasses
 import time
 
 import pytest
@@ -185,3 +186,21 @@ def test_cnn_is_bit_identical_on_both_backends_whatever_the_callers_threads(ray_
     ]
 
     assert summaries[0]["model_sha256"] == summaries[1]["model_sha256"]
+
+
+def test_ali_dpfl_with_its_mu_follow_ups_is_bit_identical_on_ray_and_local(ray_session):
+    from tests.algorithms.test_ali_dpfl import _ali_config
+
+    summaries = {}
+    for backend in ("local", "ray"):
+        base = _ali_config()
+        config = config_from_dict(
+            {
+                "experiment": dataclasses.asdict(base.experiment),
+                "runtime": {"backend": backend, "workers": 2, "progress": False},
+            }
+        )
+        summaries[backend] = run_experiment(build_experiment(config), None)
+
+    assert summaries["ray"]["model_sha256"] == summaries["local"]["model_sha256"]
+    assert summaries["ray"]["ledger_sha256"] == summaries["local"]["ledger_sha256"]

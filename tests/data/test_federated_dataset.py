@@ -13,7 +13,7 @@ def digits() -> ArrayDataset:
     return load_dataset("digits")
 
 
-@pytest.mark.parametrize("partition", ["iid", "dirichlet", "shards"])
+@pytest.mark.parametrize("partition", ["iid", "dirichlet", "dirichlet_capped", "shards"])
 def test_federate_digits_end_to_end(digits: ArrayDataset, partition: str) -> None:
     fed = federate(digits, num_clients=10, partition=partition, rng=np.random.default_rng(0))
 
@@ -48,12 +48,89 @@ def test_federate_dirichlet_skews_labels(digits: ArrayDataset) -> None:
     assert skewed.stats().mean_classes_per_client < balanced.stats().mean_classes_per_client
 
 
+@pytest.mark.parametrize("partition", ["iid", "dirichlet_capped"])
+def test_federate_pool_all_pools_train_and_test(digits: ArrayDataset, partition: str) -> None:
+    fed = federate(
+        digits,
+        num_clients=10,
+        partition=partition,
+        alpha=0.05,
+        pool="all",
+        client_test_fraction=0.25,
+        rng=np.random.default_rng(0),
+    )
+
+    num_pool = len(digits.y_train) + len(digits.y_test)
+    np.testing.assert_array_equal(fed.x, np.concatenate([digits.x_train, digits.x_test]))
+    np.testing.assert_array_equal(fed.y, np.concatenate([digits.y_train, digits.y_test]))
+    used = np.concatenate(fed.client_train + fed.client_test)
+    np.testing.assert_array_equal(np.sort(used), np.arange(num_pool))
+    # The central test set is the union of the client test splits, in client order.
+    test_idx = np.concatenate(fed.client_test)
+    np.testing.assert_array_equal(fed.x_test, fed.x[test_idx])
+    np.testing.assert_array_equal(fed.y_test, fed.y[test_idx])
+    assert fed.x_test.dtype == np.float32 and fed.y_test.dtype == np.int64
+    assert fed.train_sizes().sum() + len(fed.y_test) == num_pool
+    assert all(len(t) >= 1 for t in fed.client_test)
+
+
+def test_federate_pool_train_is_the_default(digits: ArrayDataset) -> None:
+    default = federate(digits, num_clients=5, partition="iid", rng=np.random.default_rng(3))
+    explicit = federate(
+        digits, num_clients=5, partition="iid", pool="train", rng=np.random.default_rng(3)
+    )
+
+    assert default.x is digits.x_train and explicit.x is digits.x_train
+    assert explicit.x_test is digits.x_test
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(default.client_train, explicit.client_train, strict=True)
+    )
+
+
+def test_federate_pfllib_settings_split_75_25_floor(digits: ArrayDataset) -> None:
+    fed = federate(
+        digits,
+        num_clients=10,
+        partition="dirichlet_capped",
+        alpha=0.5,
+        pool="all",
+        client_test_fraction=0.25,
+        split_rounding="floor_train",
+        rng=np.random.default_rng(1),
+    )
+
+    shares = [len(a) + len(b) for a, b in zip(fed.client_train, fed.client_test, strict=True)]
+    assert fed.train_sizes().tolist() == [int(np.floor(0.75 * n)) for n in shares]
+    assert min(shares) >= 10  # dirichlet_capped's default minimum (PFLlib's)
+
+
+def test_federate_capped_uses_a_given_minimum(digits: ArrayDataset) -> None:
+    fed = federate(
+        digits,
+        num_clients=10,
+        partition="dirichlet_capped",
+        alpha=0.5,
+        min_samples_per_client=100,
+        rng=np.random.default_rng(0),
+    )
+
+    sizes = [len(a) + len(b) for a, b in zip(fed.client_train, fed.client_test, strict=True)]
+    assert min(sizes) >= 100
+
+
 @pytest.mark.parametrize(
     ("kwargs", "parameter"),
     [
         ({"partition": "pathological"}, "partition"),
         ({"num_clients": 10_000}, "num_clients"),
+        ({"num_clients": 2000, "pool": "all"}, "num_clients"),
         ({"client_test_fraction": 1.0}, "test_fraction"),
+        ({"pool": "everything"}, "pool"),
+        ({"pool": "all", "client_test_fraction": 0.0}, "client_test_fraction"),
+        ({"split_rounding": "up"}, "split_rounding"),
+        ({"partition": "dirichlet_capped", "alpha": 0.0}, "alpha"),
+        ({"partition": "dirichlet_capped", "min_samples_per_client": 500}, "min_samples"),
     ],
 )
 def test_federate_rejects_bad_arguments(

@@ -15,6 +15,7 @@ from raydpfl.data import (
     partition_stats,
     split_train_test,
 )
+from raydpfl.data.partition import partition_dirichlet_capped
 
 NUM_CLASSES = 10
 # 2000 samples, 200 per class: divisible by the shard sizes used below.
@@ -25,6 +26,7 @@ Partitioner = Callable[[np.random.Generator], list[np.ndarray]]
 PARTITIONERS: dict[str, Partitioner] = {
     "iid": lambda rng: partition_iid(len(LABELS), 7, rng),
     "dirichlet": lambda rng: partition_dirichlet(LABELS, 7, 0.5, rng),
+    "dirichlet_capped": lambda rng: partition_dirichlet_capped(LABELS, 7, 0.5, rng),
     "shards": lambda rng: partition_shards(LABELS, 10, 2, rng),
 }
 
@@ -96,6 +98,121 @@ def test_dirichlet_rejects_nonpositive_alpha(alpha: float) -> None:
         partition_dirichlet(LABELS, 5, alpha, np.random.default_rng(0))
 
 
+def _pfllib_capped_port(
+    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, least: int
+) -> list[np.ndarray]:
+    """PFLlib's `separate_data(partition="dir")` loop, transcribed with its float cap
+    `len(idx_j) < N / num_clients`, but drawing from `rng` and with the trailing-client
+    rounding fix that `partition_dirichlet_capped` documents."""
+    big_n = len(labels)
+    while True:
+        idx_batch: list[list[int]] = [[] for _ in range(num_clients)]
+        for k in np.unique(labels):
+            idx_k = rng.permutation(np.flatnonzero(labels == k))
+            proportions = rng.dirichlet(np.repeat(alpha, num_clients))
+            proportions = np.array(
+                [
+                    p * (len(idx_j) < big_n / num_clients)
+                    for p, idx_j in zip(proportions, idx_batch, strict=True)
+                ]
+            )
+            proportions = proportions / proportions.sum()
+            cumulative = np.cumsum(proportions)
+            cumulative[np.flatnonzero(proportions)[-1] :] = 1.0  # the documented fix
+            cuts = (cumulative * len(idx_k)).astype(int)[:-1]
+            idx_batch = [
+                idx_j + idx.tolist()
+                for idx_j, idx in zip(idx_batch, np.split(idx_k, cuts), strict=True)
+            ]
+        if min(len(idx_j) for idx_j in idx_batch) >= least:
+            return [np.sort(np.array(idx_j, dtype=np.int64)) for idx_j in idx_batch]
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.5, 1.0])
+def test_dirichlet_capped_matches_pfllib_loop(alpha: float) -> None:
+    for seed in range(5):
+        ours = partition_dirichlet_capped(LABELS, 10, alpha, np.random.default_rng(seed))
+        port = _pfllib_capped_port(LABELS, 10, alpha, np.random.default_rng(seed), 10)
+
+        assert all(np.array_equal(a, b) for a, b in zip(ours, port, strict=True))
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.5])
+def test_dirichlet_capped_cap_guarantee(alpha: float) -> None:
+    # The guarantee: a client receives a class chunk only while it holds < |D|/N
+    # samples (classes are dealt in ascending label order). Hence, for each client,
+    # everything before its last non-empty class is < |D|/N, and its final size is
+    # < |D|/N + that last chunk <= |D|/N + the largest class.
+    num_clients, num_samples = 10, len(LABELS)
+    cap = num_samples / num_clients
+    largest_class = int(np.bincount(LABELS).max())
+    overshoot = False
+    for seed in range(10):
+        parts = partition_dirichlet_capped(LABELS, num_clients, alpha, np.random.default_rng(seed))
+        counts = partition_stats(LABELS, parts, NUM_CLASSES).counts
+        for row in counts:
+            last = int(np.flatnonzero(row)[-1])
+            assert row[:last].sum() * num_clients < num_samples
+            assert row.sum() < cap + row[last] <= cap + largest_class
+        overshoot |= bool(counts.sum(axis=1).max() > cap)
+    assert overshoot  # the cap was reached in some draw, so the check above bit
+
+
+def test_dirichlet_capped_bounds_sizes_unlike_uncapped() -> None:
+    capped = partition_dirichlet_capped(LABELS, 10, 0.05, np.random.default_rng(0))
+    uncapped = partition_dirichlet(LABELS, 10, 0.05, np.random.default_rng(0))
+
+    assert max(len(p) for p in capped) < 2 * len(LABELS) / 10
+    assert max(len(p) for p in capped) < max(len(p) for p in uncapped)
+
+
+def test_dirichlet_capped_small_alpha_is_more_skewed() -> None:
+    def stats(alpha: float, seed: int):
+        parts = partition_dirichlet_capped(LABELS, 10, alpha, np.random.default_rng(seed))
+        return partition_stats(LABELS, parts, NUM_CLASSES)
+
+    skewed = [stats(0.05, seed) for seed in range(5)]
+    uniform = [stats(100.0, seed) for seed in range(5)]
+
+    assert max(s.mean_classes_per_client for s in skewed) < 5
+    assert min(s.mean_classes_per_client for s in uniform) == NUM_CLASSES
+    assert np.mean([s.sizes.std() for s in skewed]) > 3 * np.mean([s.sizes.std() for s in uniform])
+
+
+def test_dirichlet_capped_respects_min_samples_per_client() -> None:
+    default = partition_dirichlet_capped(LABELS, 20, 0.05, np.random.default_rng(1))
+    raised = partition_dirichlet_capped(LABELS, 20, 0.3, np.random.default_rng(1), 40)
+
+    assert min(len(p) for p in default) >= 10  # PFLlib/ALI-DPFL's minimum
+    assert min(len(p) for p in raised) >= 40
+
+
+def test_dirichlet_capped_unreachable_minimum_names_parameters() -> None:
+    labels = np.zeros(100, dtype=np.int64)  # one class: one client takes it all
+
+    with pytest.raises(ValueError, match="increase alpha"):
+        partition_dirichlet_capped(labels, 10, 1e-3, np.random.default_rng(0), 5)
+
+
+@pytest.mark.parametrize(
+    ("args", "parameter"),
+    [
+        ((LABELS, 5, 0.0), "alpha"),
+        ((LABELS, 5, float("nan")), "alpha"),
+        ((LABELS, 0, 0.5), "num_clients"),
+        ((LABELS[:3], 4, 0.5), "num_clients"),
+        ((LABELS, 5, 0.5, -1), "min_samples_per_client"),
+        ((LABELS, 10, 0.5, 201), "min_samples_per_client"),
+        ((LABELS.astype(float), 5, 0.5), "labels"),
+    ],
+)
+def test_dirichlet_capped_rejects_bad_arguments(args: tuple, parameter: str) -> None:
+    labels, num_clients, alpha, *rest = args
+
+    with pytest.raises(ValueError, match=parameter):
+        partition_dirichlet_capped(labels, num_clients, alpha, np.random.default_rng(0), *rest)
+
+
 def test_shards_limit_distinct_labels_per_client() -> None:
     parts = partition_shards(LABELS, 50, 2, np.random.default_rng(0))  # shards of 20
 
@@ -139,6 +256,34 @@ def test_split_train_test_zero_fraction_gives_empty_tests() -> None:
 
     assert all(t.size == 0 and t.dtype == np.int64 for t in test)
     assert all(np.array_equal(a, b) for a, b in zip(train, parts, strict=True))
+
+
+def test_split_train_test_floor_train_matches_pfllib() -> None:
+    # PFLlib: sklearn train_test_split(train_size=0.75), i.e. train = floor(0.75 n).
+    parts = [np.arange(n) for n in range(2, 60)]
+
+    train, test = split_train_test(parts, 0.25, np.random.default_rng(0), rounding="floor_train")
+    nearest, _ = split_train_test(parts, 0.25, np.random.default_rng(0))
+
+    assert [len(t) for t in train] == [int(np.floor(0.75 * len(p))) for p in parts]
+    assert all(len(a) + len(b) == len(p) for a, b, p in zip(train, test, parts, strict=True))
+    assert (len(train[9 - 2]), len(nearest[9 - 2])) == (6, 7)  # n = 9: the two differ
+
+
+def test_split_train_test_floor_train_keeps_clamps() -> None:
+    train, test = split_train_test(
+        [np.arange(1), np.arange(3), np.arange(4)],
+        0.0,
+        np.random.default_rng(0),
+        rounding="floor_train",
+    )
+
+    assert [len(t) for t in train] == [1, 3, 4] and all(t.size == 0 for t in test)
+
+
+def test_split_train_test_rejects_bad_rounding() -> None:
+    with pytest.raises(ValueError, match="rounding"):
+        split_train_test([np.arange(4)], 0.25, np.random.default_rng(0), rounding="up")
 
 
 @pytest.mark.parametrize("fraction", [1.0, -0.1, 1.5])
