@@ -37,7 +37,9 @@ def _check(ok: bool, name: str, message: str) -> None:
 
 DatasetName = Literal["synthetic", "mnist", "fashion_mnist", "cifar10", "digits"]
 PartitionKind = Literal["iid", "dirichlet", "dirichlet_capped", "shards"]
-AlgorithmName = Literal["fedavg", "dp_fedavg", "ali_dpfl", "dp_fedavg_fixed_tau"]
+AlgorithmName = Literal[
+    "fedavg", "dp_fedavg", "ali_dpfl", "dp_fedavg_fixed_tau", "pe_dpfl", "adap_dp_fl"
+]
 AccountantName = Literal["rdp", "prv", "dp_rdp", "pld"]
 BackendName = Literal["ray", "local"]
 DeviceName = Literal["cpu", "cuda", "auto"]
@@ -158,6 +160,53 @@ class AliDpflConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PeDpflConfig:
+    """PE-DPFL's options (ALI-DPFL's baseline; formulas assumed, see `pe_dpfl`)."""
+
+    reg_weight: float = 0.1  # λ of the classifier-perturbation regulariser
+    perturbation_std: float | None = None  # null: the aggregate's noise std, 2zS/sqrt(K)
+    num_perturbations: int = 1
+    update_clip_norm: float | None = None  # S; null: privacy.clip_norm
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.reg_weight <= 1, "reg_weight", "must be in [0, 1]")
+        _check(
+            self.perturbation_std is None or self.perturbation_std >= 0,
+            "perturbation_std",
+            "must be null or >= 0",
+        )
+        _check(self.num_perturbations >= 1, "num_perturbations", "must be >= 1")
+        _check(
+            self.update_clip_norm is None or self.update_clip_norm > 0,
+            "update_clip_norm",
+            "must be null or > 0",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapDpFlConfig:
+    """Adap DP-FL's options (ALI-DPFL's baseline; formulas assumed, see `adap_dp_fl`)."""
+
+    noise_decay: float = 0.9  # σ ← β·σ after `patience` consecutive loss decreases
+    patience: int = 4
+    clip_factor: float = 1.0  # C_k = factor × mean noisy gradient norm of the last round
+    clip_estimator: Literal["noisy", "debiased"] = "noisy"
+    clip_min: float | None = None
+    clip_max: float | None = None
+    min_noise_multiplier: float = 0.0
+    loss_clip: float = 5.0  # the DP loss query clips each loss to [0, loss_clip]
+
+    def __post_init__(self) -> None:
+        _check(0 < self.noise_decay <= 1, "noise_decay", "must be in (0, 1]")
+        _check(self.patience >= 1, "patience", "must be >= 1")
+        _check(self.clip_factor > 0, "clip_factor", "must be > 0")
+        _check(self.clip_min is None or self.clip_min > 0, "clip_min", "must be null or > 0")
+        _check(self.clip_max is None or self.clip_max > 0, "clip_max", "must be null or > 0")
+        _check(self.min_noise_multiplier >= 0, "min_noise_multiplier", "must be >= 0")
+        _check(self.loss_clip > 0, "loss_clip", "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
     """The federated algorithm and its round schedule."""
 
@@ -171,6 +220,8 @@ class AlgorithmConfig:
     # Also score the global model on every client's test split (clients.parquet).
     evaluate_clients: bool = True
     ali_dpfl: AliDpflConfig = field(default_factory=AliDpflConfig)
+    pe_dpfl: PeDpflConfig = field(default_factory=PeDpflConfig)
+    adap_dp_fl: AdapDpFlConfig = field(default_factory=AdapDpFlConfig)
 
     def __post_init__(self) -> None:
         _check(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")

@@ -16,8 +16,11 @@ import numpy as np
 import torch
 
 from raydpfl.algorithms import Algorithm, DPFedAvg, FedAvg
+from raydpfl.algorithms.adap_dp_fl import AdapDpFl
 from raydpfl.algorithms.ali_dpfl import AliDpfl, DPFedAvgFixedTau
 from raydpfl.algorithms.ali_dpfl_theory import classic_epsilon, iteration_budget
+from raydpfl.algorithms.pe_dpfl import PeDpfl
+from raydpfl.algorithms.pe_dpfl import calibrate_noise_multiplier as calibrate_pe_noise
 from raydpfl.backends.base import Backend, worker_threads
 from raydpfl.backends.local import LocalBackend
 from raydpfl.config.load import dump_config
@@ -167,7 +170,75 @@ def _make_algorithm(
         )
         meta.update(noise_multiplier=sigma, noise_calibrated=calibrated)
         return algorithm, ledger, meta
+    if algo.name in ("pe_dpfl", "adap_dp_fl"):
+        return _ali_baseline(config, sizes, model, ledger, meta)
     return _ali(config, sizes, model, ledger, meta)
+
+
+def _ali_baseline(
+    config: Config,
+    sizes: np.ndarray,
+    model: torch.nn.Module,
+    ledger: PrivacyLedger,
+    meta: dict[str, Any],
+) -> tuple[Algorithm, PrivacyLedger, dict[str, Any]]:
+    """PE-DPFL or Adap DP-FL (ALI-DPFL's baselines): each stops on its own accountant."""
+    exp = config.experiment
+    algo, privacy = exp.algorithm, exp.privacy
+    common = dict(
+        clients_per_round=algo.clients_per_round,
+        rounds_budget=algo.rounds,
+        local_steps=algo.local_steps,
+        lr=algo.lr,
+        sampling_rate=privacy.sampling_rate,
+        epsilon=privacy.epsilon,
+        delta=privacy.delta,
+        accountant=privacy.accountant,
+    )
+    try:
+        if algo.name == "pe_dpfl":
+            pe = algo.pe_dpfl
+            sigma = privacy.noise_multiplier
+            calibrated = sigma is None
+            if sigma is None:
+                sigma = calibrate_pe_noise(
+                    privacy.epsilon, privacy.delta, algo.rounds, privacy.accountant
+                )
+            algorithm: Algorithm = PeDpfl(
+                **common,
+                update_clip_norm=pe.update_clip_norm or privacy.clip_norm,
+                noise_multiplier=sigma,
+                reg_weight=pe.reg_weight,
+                perturbation_std=pe.perturbation_std,
+                num_perturbations=pe.num_perturbations,
+            )
+        else:
+            ad = algo.adap_dp_fl
+            if privacy.noise_multiplier is None:
+                raise ConfigError(
+                    "experiment.privacy.noise_multiplier",
+                    "adap_dp_fl needs the initial sigma (it decays it adaptively)",
+                )
+            sigma, calibrated = privacy.noise_multiplier, False
+            num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            algorithm = AdapDpFl(
+                **common,
+                clip_norm=privacy.clip_norm,
+                noise_multiplier=sigma,
+                noise_decay=ad.noise_decay,
+                num_params=num_params,
+                patience=ad.patience,
+                clip_factor=ad.clip_factor,
+                clip_estimator=ad.clip_estimator,
+                clip_min=ad.clip_min,
+                clip_max=ad.clip_max,
+                min_noise_multiplier=ad.min_noise_multiplier,
+                loss_clip=ad.loss_clip,
+            )
+    except ValueError as e:
+        raise ConfigError(f"experiment.algorithm.{algo.name}", str(e)) from None
+    meta.update(noise_multiplier=sigma, noise_calibrated=calibrated)
+    return algorithm, ledger, meta
 
 
 def _ali(
