@@ -64,7 +64,7 @@ MU_EPS = 1e-12
 GammaMode = Literal["fixed", "code_estimate"]
 TauFormula = Literal["paper", "code", "consistent"]
 LastRound = Literal["truncate", "skip"]
-Normalizer = Literal["expected", "actual"]
+Normalizer = Literal["expected", "actual", "fixed"]
 
 
 def mean_gradient(model: torch.nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor):
@@ -118,7 +118,10 @@ class AliDpfl(Algorithm):
             Gaussian mechanism the accountant analyses). ``actual`` divides by the
             realised |B| and skips empty batches (the paper's Eq. 3 and A8); the
             divisor then depends on the data, which the SGM analysis does not cover,
-            so runs with it are labelled in `unaccounted_releases`.
+            so runs with it are labelled in `unaccounted_releases`. ``fixed`` divides by
+            the constant `fixed_divisor` (the authors' code: 64, A7); a public constant,
+            so as sound as ``expected`` (it rescales each client's step by q·|D_i|/64).
+        fixed_divisor: The divisor of ``normalizer="fixed"``.
     """
 
     name = "ali_dpfl"
@@ -145,6 +148,7 @@ class AliDpfl(Algorithm):
         tau_max: int = TAU_MAX,
         last_round: LastRound = "truncate",
         normalizer: Normalizer = "expected",
+        fixed_divisor: float = 64.0,
     ) -> None:
         if iteration_budget < 1:
             raise ValueError(f"iteration_budget (R_c) must be >= 1, got {iteration_budget}")
@@ -166,6 +170,7 @@ class AliDpfl(Algorithm):
         self.tau_max = tau_max
         self.last_round = last_round
         self.normalizer = normalizer
+        self.fixed_divisor = fixed_divisor
         # Lemma 1: with at least as many rounds as iterations, τ = 1 throughout.
         self.adaptive = rounds_budget < iteration_budget
         # Server state (the client half never reads it).
@@ -363,6 +368,7 @@ class AliDpfl(Algorithm):
             data,
             task,
             normalizer=self.normalizer,
+            fixed_divisor=self.fixed_divisor,
             track_last_loss=bool(task.extras.get("estimate_gamma", 0.0)),
         )
 
@@ -393,6 +399,7 @@ def dp_sgd_local_update(
     task: ClientTask,
     *,
     normalizer: Normalizer = "expected",
+    fixed_divisor: float = 64.0,
     track_last_loss: bool = False,
 ) -> ClientResult:
     """τ = task.local_steps DP-SGD steps from `params` (in place); returns the update.
@@ -415,7 +422,12 @@ def dp_sgd_local_update(
         last = track_last_loss and step == task.local_steps - 1 and positions.numel() > 0
         if last:
             before = _batch_loss(ctx.model, params, x, y)
-        divisor = task.sampling_rate * n if normalizer == "expected" else float(positions.numel())
+        if normalizer == "expected":
+            divisor = task.sampling_rate * n
+        elif normalizer == "fixed":
+            divisor = fixed_divisor
+        else:
+            divisor = float(positions.numel())
         grad, stats = dp_sgd_gradient(
             ctx.clipping,
             params,

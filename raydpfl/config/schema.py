@@ -146,7 +146,9 @@ class AliDpflConfig:
     rc_conversion: Literal["accountant", "classic"] = "accountant"
     last_round: Literal["truncate", "skip"] = "truncate"
     # DP-SGD divisor: q·|D_i| (a public constant) or the realised batch size (paper).
-    normalizer: Literal["expected", "actual"] = "expected"
+    # fixed: a constant divisor, fixed_divisor (the authors' code: 64).
+    normalizer: Literal["expected", "actual", "fixed"] = "expected"
+    fixed_divisor: float = 64.0
 
     def __post_init__(self) -> None:
         _check(self.gamma >= 0, "gamma", f"must be >= 0, got {self.gamma}")
@@ -157,6 +159,7 @@ class AliDpflConfig:
         )
         _check(self.tau_init >= 1, "tau_init", f"must be >= 1, got {self.tau_init}")
         _check(self.tau_max >= 1, "tau_max", f"must be >= 1, got {self.tau_max}")
+        _check(self.fixed_divisor > 0, "fixed_divisor", f"must be > 0, got {self.fixed_divisor}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -288,6 +288,7 @@ def _ali(
         num_params=num_params,
         min_batch=min_batch,
         normalizer=ali.normalizer,
+        fixed_divisor=ali.fixed_divisor,
     )
     algorithm: AliDpfl
     if algo.name == "dp_fedavg_fixed_tau":

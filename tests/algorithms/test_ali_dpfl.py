@@ -247,3 +247,20 @@ def test_ali_dpfl_needs_a_fixed_sigma():
     )
     with pytest.raises(ConfigError, match="noise_multiplier"):
         build_experiment(config)
+
+
+def test_fixed_divisor_rescales_one_noisy_step_by_expected_batch_over_divisor():
+    from raydpfl.simulation.worker import ClientWorker
+
+    exp = build_experiment(_ali_config())
+    updates = {}
+    for normalizer in ("expected", "fixed"):
+        exp.algorithm.normalizer = normalizer
+        exp.algorithm.fixed_divisor = 7.0
+        worker = ClientWorker(exp.algorithm, exp.model_spec, exp.dataset, run_seed=0)
+        task = exp.algorithm.plan(0, [2], exp.dataset.train_sizes())[0]
+        updates[normalizer] = worker.run_task(exp.init_params, task).update
+        exp.algorithm.iterations_done = exp.algorithm.rounds_done = 0
+    expected_batch = 0.1 * exp.dataset.train_sizes()[2]
+    for name, u in updates["expected"].items():
+        torch.testing.assert_close(updates["fixed"][name], u * expected_batch / 7.0)
