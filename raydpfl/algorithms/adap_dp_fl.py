@@ -190,6 +190,7 @@ class AdapDpFl(Algorithm):
         normalizer: DP-SGD divisor, as in `AliDpfl` (``actual`` is labelled unaccounted).
     """
 
+    resumable = False  # server-side schedule state is not checkpointed yet
     name = "adap_dp_fl"
     is_private = True
     linear_aggregation = False  # C_k needs each client's own statistics

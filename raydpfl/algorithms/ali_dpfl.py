@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -183,6 +183,22 @@ class AliDpfl(Algorithm):
         self._new_params: Params = {}
 
     # ---- server half ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "iterations_done": self.iterations_done,
+            "rounds_done": self.rounds_done,
+            "tau_next": self.tau_next,
+            "tau_current": self.tau_current,
+            "gamma": self.gamma,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.iterations_done = int(state["iterations_done"])
+        self.rounds_done = int(state["rounds_done"])
+        self.tau_next = int(state["tau_next"])
+        self.tau_current = int(state["tau_current"])
+        self.gamma = float(state["gamma"])
+
     def _tau_for_round(self) -> int:
         remaining = self.iteration_budget - self.iterations_done
         return min(self.tau_next, remaining)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -196,6 +196,8 @@ class Algorithm(abc.ABC):
     #: True when the round's results only feed a weighted mean of updates: workers may
     #: then sum them where they are produced, and the server calls `aggregate_sum`.
     linear_aggregation: ClassVar[bool] = False
+    #: Whether a checkpointed run of this algorithm can be resumed (see `state_dict`).
+    resumable: ClassVar[bool] = True
 
     # ---- server half -------------------------------------------------------------
     @abc.abstractmethod
@@ -258,6 +260,18 @@ class Algorithm(abc.ABC):
         `followups` are the results of `followup_tasks`, in plan order.
         """
         return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server half's mutable state, JSON-serialisable (checkpoints).
+
+        Algorithms whose server half keeps state across rounds override this and
+        `load_state_dict`; one that cannot be restored sets `resumable = False`.
+        """
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what `state_dict` returned (nothing, for a stateless server half)."""
+        return None
 
     def stop_reason(self) -> str | None:
         """Why the run must stop before the next round (e.g. an iteration budget is

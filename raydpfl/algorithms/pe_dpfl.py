@@ -154,6 +154,7 @@ class PeDpfl(Algorithm):
         num_perturbations: Draws of ξ per local step.
     """
 
+    resumable = False  # server-side schedule state is not checkpointed yet
     name = "pe_dpfl"
     is_private = True
     linear_aggregation = True

@@ -301,6 +301,8 @@ class RuntimeConfig:
     max_restarts: int = 3  # a dead worker is restarted and its clients re-run
     seed: int = 0
     output: str = "runs"  # parent folder of run directories
+    # Rounds between checkpoints in the run directory (null: none); see --resume.
+    checkpoint_every: int | None = 10
     device: DeviceName = "cpu"
     threads: int | None = None  # torch threads of the server (evaluation); null = default
     # Per-sample clipping: book-keeping norms where every layer has a rule, else torch.func.
@@ -341,6 +343,11 @@ class RuntimeConfig:
             f"must be null, local, auto, ray://host:port or host:port, got {self.address!r}",
         )
         _check(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        _check(
+            self.checkpoint_every is None or self.checkpoint_every >= 1,
+            "checkpoint_every",
+            f"must be null (no checkpoints) or >= 1, got {self.checkpoint_every}",
+        )
         _check(self.threads is None or self.threads >= 1, "threads", "must be null or >= 1")
 
 

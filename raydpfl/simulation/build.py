@@ -370,8 +370,13 @@ def make_server(
     exp: Experiment,
     writer: RunWriter | None = None,
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
+    resume: bool = False,
 ) -> Server:
-    """The server for `exp`, scoring the global model on the central test set."""
+    """The server for `exp`, scoring the global model on the central test set.
+
+    With `resume`, the server continues from the last checkpoint in `writer`'s run
+    directory (`Server.resume`).
+    """
     model = exp.model_spec.build().to(exp.device)
     model.requires_grad_(False)
     test_set = CentralTestSet(
@@ -389,8 +394,9 @@ def make_server(
         aggregation_groups=exp.config.runtime.aggregation_groups,
         metadata=exp.metadata,
         extra_unaccounted=tuple(exp.extra_unaccounted),
+        checkpoint_every=exp.config.runtime.checkpoint_every,
     )
-    return Server(
+    server = Server(
         algorithm=exp.algorithm,
         ledger=exp.ledger,
         train_sizes=exp.dataset.train_sizes(),
@@ -400,26 +406,34 @@ def make_server(
         writer=writer,
         on_round=on_round,
     )
+    if resume:
+        server.resume()
+    return server
 
 
 def run_experiment(
     exp: Experiment,
     run_dir: Path | None,
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Runs `exp` on its backend, writing outputs to `run_dir` (None: in memory only).
 
-    The resolved config is written first; the server then writes the rest.
+    The resolved config is written first; the server then writes the rest. With
+    `resume`, `run_dir` is an interrupted run of the same config: it continues from
+    its last checkpoint (and ends with the same model as an uninterrupted run).
     """
-    if run_dir is not None:
+    if resume and run_dir is None:
+        raise ValueError("resume needs the run directory")
+    if run_dir is not None and not resume:
         RunWriter(run_dir).write_config(dump_config(exp.config))
     if exp.config.runtime.backend == "ray":
         from raydpfl.backends.ray.runner import run_on_ray  # Ray is imported only here
 
-        summary = run_on_ray(exp, run_dir, on_round)
+        summary = run_on_ray(exp, run_dir, on_round, resume=resume)
     else:
         writer = RunWriter(run_dir) if run_dir is not None else None
-        server = make_server(exp, writer, on_round)
+        server = make_server(exp, writer, on_round, resume=resume)
         with make_local_backend(exp) as backend:
             summary = server.run(backend)
     if run_dir is not None:

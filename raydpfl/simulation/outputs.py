@@ -8,6 +8,10 @@ Layout (see README "Outputs"):
     ledger.json       every privacy charge, per client (JSON, never pickle)
     summary.json      final figures and the privacy statement
     model.pt          the final global parameters (a plain state dict)
+    ledger_log.jsonl  every charge batch, appended and synced before its tasks run
+    checkpoint/       state.json + params-NNNNNNN.pt every `runtime.checkpoint_every`
+                      rounds (`raydpfl run --resume RUN_DIR` continues from it)
+    clients.parts/    per-round client tables while the run is going (merged at the end)
 
 Tables are written as they grow, so an interrupted run keeps every finished round.
 """
@@ -25,6 +29,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
+#: Per-round client tables until the run closes, the charge log and the checkpoint folder.
+CLIENT_PARTS = "clients.parts"
+CHARGE_LOG = "ledger_log.jsonl"
+CHECKPOINT_DIR = "checkpoint"
 
 CLIENT_SCHEMA = pa.schema(
     [
@@ -89,7 +98,6 @@ class RunWriter:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.round_rows: list[dict[str, Any]] = []
-        self._clients: pq.ParquetWriter | None = None
 
     def write_config(self, text: str) -> None:
         """Saves the resolved config YAML."""
@@ -104,11 +112,90 @@ class RunWriter:
         os.replace(tmp, self.run_dir / "rounds.parquet")
 
     def add_clients(self, rows: Mapping[str, list[Any]]) -> None:
-        """Appends one evaluated round's per-client rows to clients.parquet."""
+        """Appends one evaluated round's per-client rows (merged into clients.parquet at
+        `close`; until then each round is its own complete file, so a crash loses none)."""
         table = pa.Table.from_pydict(dict(rows), schema=CLIENT_SCHEMA)
-        if self._clients is None:
-            self._clients = pq.ParquetWriter(self.run_dir / "clients.parquet", CLIENT_SCHEMA)
-        self._clients.write_table(table)
+        parts = self.run_dir / CLIENT_PARTS
+        parts.mkdir(exist_ok=True)
+        round_no = int(rows["round"][0]) if len(rows["round"]) else 0
+        tmp = parts / f"round-{round_no:07d}.parquet.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, parts / f"round-{round_no:07d}.parquet")
+
+    def log_charges(self, round_idx: int, charges: list[tuple[int, Mapping[str, Any]]]) -> None:
+        """Appends one batch of ledger charges to ledger_log.jsonl and syncs it to disk.
+
+        Written before the tasks are dispatched: whatever happens next, the charge is on
+        disk. A resumed run replays the rounds after its checkpoint and checks that it
+        makes exactly these charges again.
+        """
+        line = json.dumps({"round": round_idx, "charges": [[c, dict(d)] for c, d in charges]})
+        with open(self.run_dir / CHARGE_LOG, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_charge_log(self) -> dict[int, list[list[Any]]]:
+        """round → the charge batches logged for it, in order (complete lines only)."""
+        path = self.run_dir / CHARGE_LOG
+        out: dict[int, list[list[Any]]] = {}
+        if not path.exists():
+            return out
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut short by the crash: nothing after it was dispatched
+            out.setdefault(int(entry["round"]), []).append(entry["charges"])
+        return out
+
+    def write_checkpoint(
+        self, rounds_completed: int, params: Mapping[str, torch.Tensor], state: Mapping[str, Any]
+    ) -> None:
+        """Atomically records the server after `rounds_completed` rounds.
+
+        The parameters go to a round-stamped file first; `state.json` (which names that
+        file) is replaced last, so a crash at any point leaves the previous checkpoint
+        or the new one, never a mix. Formats: JSON and a tensors-only torch file.
+        """
+        ckpt = self.run_dir / CHECKPOINT_DIR
+        ckpt.mkdir(exist_ok=True)
+        name = f"params-{rounds_completed:07d}.pt"
+        tmp = ckpt / (name + ".tmp")
+        torch.save({n: t.detach().cpu() for n, t in params.items()}, tmp)
+        os.replace(tmp, ckpt / name)
+        write_json(ckpt / "state.json", {**state, "params_file": name})
+        for old in ckpt.glob("params-*.pt"):
+            if old.name != name:
+                old.unlink()
+
+    def read_checkpoint(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The last checkpoint's state and parameters (`weights_only` loading)."""
+        ckpt = self.run_dir / CHECKPOINT_DIR
+        state_path = ckpt / "state.json"
+        if not state_path.exists():
+            raise FileNotFoundError(
+                f"{self.run_dir} has no checkpoint ({CHECKPOINT_DIR}/state.json); it was written "
+                "with runtime.checkpoint_every unset, or stopped before the first checkpoint"
+            )
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        params = torch.load(ckpt / state["params_file"], weights_only=True)
+        return state, params
+
+    def prepare_resume(self, rounds_completed: int, rows: list[dict[str, Any]]) -> None:
+        """Drops outputs of rounds after the checkpoint (they will be re-run)."""
+        self.round_rows = []
+        for row in rows:
+            self.add_round(row)
+        if not rows:
+            (self.run_dir / "rounds.parquet").unlink(missing_ok=True)
+        for part in (self.run_dir / CLIENT_PARTS).glob("round-*.parquet*"):
+            if not part.name.endswith(".parquet") or int(part.stem.split("-")[1]) > (
+                rounds_completed
+            ):
+                part.unlink()
+        for stale in ("clients.parquet", "summary.json", "model.pt"):
+            (self.run_dir / stale).unlink(missing_ok=True)
 
     def write_ledger(self, ledger_dict: Mapping[str, Any]) -> None:
         """Saves the privacy ledger as JSON."""
@@ -123,9 +210,16 @@ class RunWriter:
         torch.save({n: t.detach().cpu() for n, t in params.items()}, self.run_dir / "model.pt")
 
     def close(self) -> None:
-        """Finalises clients.parquet (an empty table if no client was evaluated)."""
-        if self._clients is None:
-            pq.write_table(CLIENT_SCHEMA.empty_table(), self.run_dir / "clients.parquet")
-        else:
-            self._clients.close()
-            self._clients = None
+        """Merges the per-round client files into clients.parquet (an empty table if no
+        client was evaluated)."""
+        parts_dir = self.run_dir / CLIENT_PARTS
+        parts = sorted(parts_dir.glob("round-*.parquet")) if parts_dir.exists() else []
+        tables = [pq.read_table(p) for p in parts]
+        table = pa.concat_tables(tables) if tables else CLIENT_SCHEMA.empty_table()
+        tmp = self.run_dir / "clients.parquet.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, self.run_dir / "clients.parquet")
+        for p in parts:
+            p.unlink()
+        if parts_dir.exists():
+            parts_dir.rmdir()

@@ -16,6 +16,7 @@ The same class runs in-process and inside a Ray actor; it never imports Ray.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class ServerSettings:
     metadata: Mapping[str, Any] = field(default_factory=dict)  # merged into summary.json
     # Side releases the run makes beside the algorithm's own (e.g. client test metrics).
     extra_unaccounted: Sequence[str] = ()
+    checkpoint_every: int | None = None  # rounds between checkpoints (needs a writer)
 
 
 class Server:
@@ -105,12 +107,14 @@ class Server:
         self.stop_reason = "completed all rounds"
         self._started: float | None = None
         self._outputs_closed = False
+        self.resumed_from: int | None = None
+        self._logged: dict[int, list[list[Any]]] = {}  # charges of rounds being replayed
 
     # ---- the round loop -----------------------------------------------------------
     def run(self, backend: Backend) -> dict[str, Any]:
         """Runs every round (or until every client's budget is spent); returns the summary."""
         try:
-            for round_idx in range(self.settings.rounds):
+            for round_idx in range(self.rounds_completed, self.settings.rounds):
                 if not self.run_round(backend, round_idx):
                     break
         finally:
@@ -129,7 +133,7 @@ class Server:
         rng = numpy_rng(self.settings.run_seed, round_idx, SERVER, "select")
         cohort = self.algorithm.select(round_idx, self.num_clients, rng)
         tasks = self.algorithm.plan(round_idx, cohort, self.train_sizes)
-        dispatched, refused = self._charge(tasks)
+        dispatched, refused = self._charge(round_idx, tasks)
         if not dispatched and refused and self._budget_exhausted(refused):
             self.stop_reason = "privacy budget exhausted for every client"
             return False
@@ -147,7 +151,7 @@ class Server:
             metrics = _mean_metrics([r.metrics for r in results])
             extra = self.algorithm.followup_tasks(round_idx, dispatched, results, self.params)
             # Follow-ups are charged like training tasks; a refused one is simply not run.
-            extra_sent, _ = self._charge(extra)
+            extra_sent, _ = self._charge(round_idx, extra)
             if extra_sent:
                 followups = backend.run_tasks(self.params, extra_sent)
         row = self._round_row(round_idx, dispatched, refused, trained, received)
@@ -159,12 +163,48 @@ class Server:
         self.rounds_completed = round_idx + 1
         if self.writer is not None:
             self.writer.add_round(row)
+            every = self.settings.checkpoint_every
+            if every and self.rounds_completed % every == 0 and self.algorithm.resumable:
+                self.writer.write_checkpoint(
+                    self.rounds_completed, self.params, self.checkpoint_state()
+                )
         if self.on_round is not None:
             self.on_round(row)
         return True
 
-    def _charge(self, tasks: Sequence[ClientTask]) -> tuple[list[ClientTask], list[ClientTask]]:
-        """Charges each task's declared cost before dispatch; refuses unaffordable tasks."""
+    def _charge(
+        self, round_idx: int, tasks: Sequence[ClientTask]
+    ) -> tuple[list[ClientTask], list[ClientTask]]:
+        """Charges each task's declared cost before dispatch; refuses unaffordable tasks.
+
+        The batch of charges is logged (and synced) before the tasks are dispatched. In a
+        resumed run, a replayed round must make exactly the charges the crashed run
+        logged; anything else is an error rather than a silently different ledger.
+        """
+        dispatched, refused = self._charge_tasks(tasks)
+        charges = [
+            (t.client_id, t.privacy_cost.to_dict())
+            for t in dispatched
+            if t.privacy_cost is not None
+        ]
+        if not charges:
+            return dispatched, refused
+        logged = self._logged.get(round_idx)
+        if logged:
+            expected = logged.pop(0)
+            if json.loads(json.dumps([[c, d] for c, d in charges])) != expected:
+                raise RuntimeError(
+                    f"resume diverged from the interrupted run in round {round_idx + 1}: the "
+                    "replayed charges differ from ledger_log.jsonl (different code, config or "
+                    "hardware?); the ledger log is the record of what was charged"
+                )
+        elif self.writer is not None:
+            self.writer.log_charges(round_idx, charges)
+        return dispatched, refused
+
+    def _charge_tasks(
+        self, tasks: Sequence[ClientTask]
+    ) -> tuple[list[ClientTask], list[ClientTask]]:
         dispatched, refused = [], []
         for task in tasks:
             cost = task.privacy_cost
@@ -185,6 +225,50 @@ class Server:
         cost = refused[0].privacy_cost
         assert cost is not None
         return all(self.ledger.would_exceed(c, cost) for c in range(self.num_clients))
+
+    # ---- checkpoints ----------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a resumed run needs besides the parameters (JSON)."""
+        return {
+            "format": 1,
+            "rounds_completed": self.rounds_completed,
+            "stop_reason": self.stop_reason,
+            "rows": self.rows,
+            "ledger": self.ledger.to_dict() if self.ledger is not None else None,
+            "algorithm": self.algorithm.state_dict(),
+        }
+
+    def resume(self) -> int:
+        """Restores the last checkpoint of the run directory; returns the next round index.
+
+        Rounds after the checkpoint are re-run; their outputs are dropped and re-written.
+        The RNG streams derive from (seed, round, client), so the replay is the same
+        computation, and it is checked against the charges logged before the crash.
+        """
+        if self.writer is None:
+            raise ValueError("resume needs the run directory's writer")
+        if not self.algorithm.resumable:
+            raise ValueError(f"algorithm {self.algorithm.name!r} cannot be resumed yet")
+        if (self.writer.run_dir / "summary.json").exists():
+            raise ValueError(f"{self.writer.run_dir} is a finished run; nothing to resume")
+        state, params = self.writer.read_checkpoint()
+        if state.get("format") != 1:
+            raise ValueError(f"unknown checkpoint format {state.get('format')!r}")
+        self.params = {n: params[n].to(self.params[n].device) for n in self.params}
+        self.rounds_completed = int(state["rounds_completed"])
+        self.stop_reason = state["stop_reason"]
+        self.rows = [_restore_nans(r) for r in state["rows"]]
+        if self.ledger is not None:
+            self.ledger = PrivacyLedger.from_dict(state["ledger"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self._logged = {
+            r: batches
+            for r, batches in self.writer.read_charge_log().items()
+            if r >= self.rounds_completed
+        }
+        self.writer.prepare_resume(self.rounds_completed, self.rows)
+        self.resumed_from = self.rounds_completed
+        return self.rounds_completed
 
     # ---- metrics ------------------------------------------------------------------
     def _epsilons(self) -> np.ndarray:
@@ -282,6 +366,7 @@ class Server:
             "updates_received_max": max((r["updates_received"] for r in self.rows), default=0),
             "rounds_planned": self.settings.rounds,
             "stop_reason": self.stop_reason,
+            "resumed_from_round": self.resumed_from,
             "wall_seconds": wall_seconds,
             "model_sha256": model_sha256(self.params),
             "ledger_sha256": self.ledger.sha256() if private else None,
@@ -292,6 +377,11 @@ class Server:
         }
         out.update(self.settings.metadata)
         return out
+
+
+def _restore_nans(row: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON stores NaN as null; rows keep NaN for 'not evaluated' like a fresh run."""
+    return {k: float("nan") if v is None else v for k, v in row.items()}
 
 
 def _mean_metrics(per_client: Sequence[Mapping[str, float]]) -> dict[str, float]:

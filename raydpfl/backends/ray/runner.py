@@ -32,7 +32,9 @@ from raydpfl.simulation.outputs import RunWriter
 class ServerHost:
     """The server actor: owns the `Server` and the worker pool for one run."""
 
-    def __init__(self, exp: Experiment, dataset_box: list[Any], run_dir: str | None) -> None:
+    def __init__(
+        self, exp: Experiment, dataset_box: list[Any], run_dir: str | None, resume: bool = False
+    ) -> None:
         rt = exp.config.runtime
         # Evaluation runs here while the workers wait between rounds: use the node's cores.
         torch.set_num_threads(rt.threads or len(os.sched_getaffinity(0)))
@@ -48,7 +50,11 @@ class ServerHost:
             round_timeout_s=rt.round_timeout_s,
         )
         writer = RunWriter(Path(run_dir)) if run_dir is not None else None
-        self.server = make_server(exp, writer)
+        self.server = make_server(exp, writer, resume=resume)
+
+    def next_round(self) -> int:
+        """The index of the first round to run (> 0 after a resume)."""
+        return self.server.rounds_completed
 
     def run_round(self, round_idx: int) -> dict[str, Any] | None:
         """Runs one round; returns its row, or None when the run must stop."""
@@ -110,7 +116,7 @@ def check_resources(rt: RuntimeConfig) -> None:
         )
 
 
-def start_server(exp: Experiment, run_dir: Path | None) -> tuple[Any, Any]:
+def start_server(exp: Experiment, run_dir: Path | None, resume: bool = False) -> tuple[Any, Any]:
     """Puts the dataset in the object store and starts the server actor.
 
     Returns:
@@ -129,6 +135,7 @@ def start_server(exp: Experiment, run_dir: Path | None) -> tuple[Any, Any]:
         dataclasses.replace(exp, dataset=None),
         [dataset_ref],
         str(run_dir.resolve()) if run_dir is not None else None,
+        resume,
     )
     return host, dataset_ref
 
@@ -137,13 +144,15 @@ def run_on_ray(
     exp: Experiment,
     run_dir: Path | None,
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Runs `exp` on Ray; same results as the local backend for the same seed."""
     started = connect(exp.config.runtime.address)
     try:
-        host, _dataset_ref = start_server(exp, run_dir)
+        host, _dataset_ref = start_server(exp, run_dir, resume)
         try:
-            for round_idx in range(exp.config.experiment.algorithm.rounds):
+            first = _unwrap(lambda: ray.get(host.next_round.remote()))
+            for round_idx in range(first, exp.config.experiment.algorithm.rounds):
                 row = _unwrap(lambda r=round_idx: ray.get(host.run_round.remote(r)))
                 if row is None:
                     break
