@@ -1,4 +1,4 @@
-"""`raydpfl` command line: run, validate, privacy, data.
+"""`raydpfl` command line: run, validate, privacy, data, report.
 
 Bad input (config, arguments, missing dataset files) exits with status 2 and one line
 on stderr, before any training starts; nothing already on disk is overwritten.
@@ -63,8 +63,14 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a simulation from a YAML config")
-    run.add_argument("config", help="path to the YAML config")
+    run.add_argument("config", nargs="?", help="path to the YAML config")
     _add_set(run)
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue an interrupted run from its last checkpoint (its own config.yaml; "
+        "only runtime.* may be changed with --set)",
+    )
     run.add_argument(
         "--out",
         help="run directory (must not exist or be empty); "
@@ -112,6 +118,23 @@ def _build_parser() -> argparse.ArgumentParser:
     st.add_argument("config")
     _add_set(st)
     st.set_defaults(handler=_cmd_data_stats)
+
+    rep = sub.add_parser(
+        "report", help="figures and a Markdown summary of run or sweep directories"
+    )
+    rep.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directory written by `raydpfl run`, or a sweep directory holding run "
+        "directories",
+    )
+    rep.add_argument(
+        "--out",
+        help="output directory (new, empty or an earlier report's); "
+        "default RUN_DIR/report for one directory, required for several",
+    )
+    rep.set_defaults(handler=_cmd_report)
     return p
 
 
@@ -205,6 +228,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from raydpfl.simulation.build import build_experiment, run_experiment
     from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 
+    if args.resume:
+        return _resume(args)
+    if args.config is None:
+        raise ConfigError("config", "give a config file, or --resume RUN_DIR")
     config = _load(args)
     run_dir = (
         Path(args.out)
@@ -220,6 +247,42 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     try:
         summary = run_experiment(exp, run_dir, on_round=progress.update)
+    finally:
+        progress.close()
+    _print_summary(summary)
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from raydpfl.config.load import load_config
+    from raydpfl.simulation.build import build_experiment, run_experiment
+
+    run_dir = Path(args.resume)
+    if args.config is not None or args.out:
+        raise ConfigError("resume", "--resume takes the run's own config.yaml and directory")
+    bad = [o for o in args.overrides if not o.startswith("runtime.")]
+    if bad:
+        raise ConfigError(
+            "resume", f"only runtime.* may change when resuming (results must not), got {bad}"
+        )
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError("resume", f"{run_dir} is not a run directory (no config.yaml)")
+    if (run_dir / "summary.json").exists():
+        raise ConfigError("resume", f"{run_dir} is a finished run; nothing to resume")
+    if not (run_dir / "checkpoint" / "state.json").is_file():
+        raise ConfigError(
+            "resume",
+            f"{run_dir} has no checkpoint (runtime.checkpoint_every was null, or the run "
+            "stopped before its first checkpoint)",
+        )
+    config = load_config(run_dir / "config.yaml", args.overrides)
+    exp = build_experiment(config)
+    progress = _Progress(
+        config.experiment.algorithm.rounds,
+        enabled=config.runtime.progress and not args.no_progress,
+    )
+    try:
+        summary = run_experiment(exp, run_dir, on_round=progress.update, resume=True)
     finally:
         progress.close()
     _print_summary(summary)
@@ -297,6 +360,20 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
         f"{len(ds.y_test)} central test records"
     )
     print(ds.stats().summary())
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from raydpfl.report import ReportError, build_report
+
+    try:
+        report = build_report(args.run_dirs, args.out)
+    except ReportError as e:
+        raise ConfigError("", str(e)) from None
+    print(
+        f"report of {len(report.runs)} run{'s' if len(report.runs) != 1 else ''}: "
+        f"{report.markdown} ({len(report.figures)} figures)"
+    )
     return 0
 
 

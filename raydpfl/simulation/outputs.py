@@ -106,6 +106,14 @@ class RunWriter:
     def add_round(self, row: Mapping[str, Any]) -> None:
         """Appends one round's row and rewrites rounds.parquet atomically."""
         self.round_rows.append(dict(row))
+        self._write_rounds()
+
+    def replace_last_round(self, row: Mapping[str, Any]) -> None:
+        """Replaces the last round's row (e.g. once its model has been scored)."""
+        self.round_rows[-1] = dict(row)
+        self._write_rounds()
+
+    def _write_rounds(self) -> None:
         table = pa.Table.from_pylist(self.round_rows)
         tmp = self.run_dir / "rounds.parquet.tmp"
         pq.write_table(table, tmp)

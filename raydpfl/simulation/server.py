@@ -330,6 +330,17 @@ class Server:
             row["client_accuracy_std"] = float(np.nanstd(accs))
 
     # ---- end of run -----------------------------------------------------------------
+    def _score_final_model(self) -> None:
+        """Scores the final model on the central test set if its round was not evaluated
+        (a run that stopped early, e.g. every client's budget spent)."""
+        if not self.rows or np.isfinite(self.rows[-1]["test_accuracy"]):
+            return
+        central = self.test_set.evaluate(self.params)
+        row = self.rows[-1]
+        row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
+        if self.writer is not None and not self._outputs_closed:
+            self.writer.replace_last_round(row)
+
     def close_outputs(self) -> None:
         """Finalises the tables and writes the ledger (idempotent; keeps finished rounds)."""
         if self.writer is None or self._outputs_closed:
@@ -341,6 +352,7 @@ class Server:
 
     def finish(self) -> dict[str, Any]:
         """Closes the outputs, writes the final model and summary, returns the summary."""
+        self._score_final_model()
         self.close_outputs()
         wall = time.perf_counter() - self._started if self._started is not None else 0.0
         summary = self.summary(wall)

@@ -168,3 +168,24 @@ def test_privacy_steps_reproduces_ali_dpfls_iteration_budget(capsys):
     assert paper.startswith("steps = 317 ")  # the paper's R_c for epsilon = 2
     assert "paper_compat" in paper
     assert int(exact.split()[2]) > 0 and "accountant=rdp" in exact
+
+
+def test_resume_continues_an_interrupted_run_from_the_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = [*FAST, "--set", "runtime.backend=local", "--set", "runtime.checkpoint_every=1"]
+    assert main(["run", str(QUICKSTART), *args, "--out", str(out), "--no-progress"]) == 0
+    finished = json.loads((out / "summary.json").read_text())
+    # A finished run cannot be resumed; an interrupted one (no summary yet) can.
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+    assert "finished run" in capsys.readouterr().err
+    (out / "summary.json").unlink()
+    assert main(["run", "--resume", str(out), "--set", "privacy.epsilon=1"]) == 2
+    assert "only runtime" in capsys.readouterr().err
+
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["resumed_from_round"] == 2
+    assert resumed["model_sha256"] == finished["model_sha256"]
+    assert main(["run", "--resume", str(tmp_path), "--no-progress"]) == 2
+    assert "not a run directory" in capsys.readouterr().err

@@ -1,0 +1,180 @@
+"""`raydpfl report`: figures and a Markdown summary of run (or sweep) directories.
+
+    build_report(["runs/a", "runs/b"], out="reports/ab")
+
+writes into the output directory
+
+    report.md             tables comparing the runs, links to the figures
+    accuracy.png          test accuracy per evaluated round, runs overlaid
+    loss.png              test loss per evaluated round
+    epsilon.png           ε spent (largest and mean over clients) per round
+    client_accuracy.png   per-client accuracy at the last evaluated round
+    fairness.png          accuracy spread, worst client, worst 10%, Ψ per round
+    round_metrics.png     algorithm-specific columns (τ, μ, σ, λ, ...) per round
+    best_accuracy.png     best and final accuracy per run / sweep trial
+    sweep_params.png      best accuracy against the hyperparameters that vary
+
+(a figure with nothing to show is not drawn; report.md says why). A directory with no
+summary.json or rounds.parquet of its own but with run directories below it is a sweep:
+all its trials are reported, ranked by best accuracy. matplotlib is imported only when a
+report is drawn, so importing this package stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from raydpfl.report.runs import ReportError, Run, collect_runs, is_run_dir, load_run
+
+__all__ = ["Report", "ReportError", "Run", "build_report", "collect_runs", "load_run"]
+
+REPORT_FILE = "report.md"
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `build_report` wrote."""
+
+    out_dir: Path
+    markdown: Path
+    figures: list[Path]
+    runs: list[Run]
+
+
+def default_out_dir(paths: Sequence[str | Path]) -> Path:
+    """`<RUN_DIR>/report` for a single input; several inputs need an explicit --out."""
+    if len(paths) != 1:
+        raise ReportError("--out is required when reporting on several directories")
+    return Path(paths[0]) / "report"
+
+
+def _prepare_out_dir(out: Path) -> None:
+    """Creates `out`, or clears a previous report there; refuses any other non-empty dir."""
+    from raydpfl.report.plots import FIGURE_FILES
+
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"output {str(out)!r} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if is_run_dir(out) or not (out / REPORT_FILE).is_file():
+            raise ReportError(
+                f"output directory {str(out)!r} is not empty and holds no earlier report; "
+                "choose another --out"
+            )
+        for name in (REPORT_FILE, *FIGURE_FILES):  # only files a report writes
+            target = out / name
+            if target.is_file():
+                target.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"cannot create output directory {str(out)!r}: {e}") from None
+
+
+def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> Report:
+    """Draws the figures and writes report.md for run and/or sweep directories.
+
+    Args:
+        paths: Run directories (written by `raydpfl run`) or sweep directories (holding
+            run directories one or two levels down).
+        out: Output directory; default `<paths[0]>/report` when one path is given. It
+            must not exist, be empty or hold an earlier report (whose files are replaced).
+
+    Returns:
+        The output directory, report.md and the figures written.
+
+    Raises:
+        ReportError: An input is not a run or sweep directory or cannot be read, or the
+            output directory cannot be used.
+    """
+    runs, notes = collect_runs(paths)
+    out_dir = Path(out) if out is not None else default_out_dir(paths)
+    for run in runs:
+        if out_dir.resolve() == run.path.resolve():
+            raise ReportError(f"output directory {str(out_dir)!r} is a run directory")
+    if any(r.sweep is not None for r in runs):
+        # Trials ranked by best accuracy (stable, so ties keep their path order).
+        runs.sort(key=lambda r: -(r.best_accuracy if r.best_accuracy is not None else -1.0))
+    _prepare_out_dir(out_dir)
+
+    from raydpfl.report import plots
+    from raydpfl.report.runs import varying_config_keys
+    from raydpfl.report.summary import Figure, render_markdown
+
+    styles = plots.styles_for(runs)
+    varying = varying_config_keys(runs)
+    panels, constants = plots.round_metric_panels(runs)
+    no_clients = "no run has per-client rows in clients.parquet"
+    figures = [
+        Figure(
+            "Test accuracy per round",
+            "accuracy.png",
+            plots.plot_accuracy(runs, styles, out_dir),
+            "no evaluated round",
+        ),
+        Figure(
+            "Test loss per round",
+            "loss.png",
+            plots.plot_loss(runs, styles, out_dir),
+            "no evaluated round",
+        ),
+        Figure(
+            "Privacy spent per round",
+            "epsilon.png",
+            plots.plot_epsilon(runs, styles, out_dir),
+            "no private run",
+        ),
+        Figure(
+            "Per-client accuracy at the last evaluated round",
+            "client_accuracy.png",
+            plots.plot_client_accuracy(runs, styles, out_dir),
+            no_clients,
+        ),
+        Figure(
+            "Fairness over clients per round",
+            "fairness.png",
+            plots.plot_fairness(runs, styles, out_dir),
+            no_clients,
+        ),
+        Figure(
+            "Algorithm and training metrics per round",
+            "round_metrics.png",
+            plots.plot_round_metrics(runs, styles, out_dir, panels),
+            "no optional rounds.parquet column changes between rounds",
+        ),
+    ]
+    if len(runs) > 1:
+        figures.append(
+            Figure(
+                "Best test accuracy per trial"
+                if all(r.sweep is not None for r in runs)
+                else "Best test accuracy per run",
+                "best_accuracy.png",
+                plots.plot_best_accuracy(runs, styles, out_dir),
+                "fewer than two runs have an evaluated round",
+            )
+        )
+        if any(r.sweep is not None for r in runs):
+            figures.append(
+                Figure(
+                    "Best test accuracy against the swept hyperparameters",
+                    "sweep_params.png",
+                    plots.plot_sweep_params(runs, styles, out_dir, varying),
+                    "no numeric config value differs between the trials",
+                )
+            )
+    if len(panels) > plots.MAX_PANELS:
+        cut = ", ".join(f"`{c}`" for p in panels[plots.MAX_PANELS :] for c in p.columns)
+        notes = [*notes, f"round_metrics.png shows {plots.MAX_PANELS} panels; not drawn: {cut}"]
+    text = render_markdown(
+        runs, out_dir, figures, varying=varying, constants=constants, notes=notes
+    )
+    markdown = out_dir / REPORT_FILE
+    markdown.write_text(text, encoding="utf-8")
+    return Report(
+        out_dir=out_dir,
+        markdown=markdown,
+        figures=[f.path for f in figures if f.path is not None],
+        runs=runs,
+    )

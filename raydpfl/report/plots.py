@@ -1,0 +1,687 @@
+"""PNG figures of one or more runs (matplotlib, Agg canvas; imported lazily).
+
+Every function takes the loaded runs and their shared `Style`s, writes one PNG into
+`out_dir` and returns its path, or returns None when there is nothing to draw (the
+caller records why). No pyplot: figures are `matplotlib.figure.Figure`s on an Agg
+canvas, so the process-wide matplotlib backend and state are left alone.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raydpfl.report.runs import Run, fairness_by_round, last_round_accuracies
+
+__all__ = [
+    "FIGURE_FILES",
+    "RoundPanel",
+    "Style",
+    "plot_accuracy",
+    "plot_best_accuracy",
+    "plot_client_accuracy",
+    "plot_epsilon",
+    "plot_fairness",
+    "plot_loss",
+    "plot_round_metrics",
+    "plot_sweep_params",
+    "round_metric_panels",
+    "styles_for",
+]
+
+DPI = 130
+MAX_LABELLED = 10  # beyond this many runs only the best few are coloured and labelled
+HIGHLIGHT = 6
+MAX_PANELS = 12
+
+FIGURE_FILES = (
+    "accuracy.png",
+    "loss.png",
+    "epsilon.png",
+    "client_accuracy.png",
+    "fairness.png",
+    "round_metrics.png",
+    "best_accuracy.png",
+    "sweep_params.png",
+)
+
+
+# ---- styles --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Style:
+    """How one run is drawn in every figure (same colour everywhere)."""
+
+    color: Any
+    label: str | None  # None: drawn in grey without a legend entry (many runs)
+    linewidth: float = 1.8
+    alpha: float = 1.0
+    zorder: int = 3
+
+
+def styles_for(runs: Sequence[Run]) -> list[Style]:
+    """One style per run: distinct colours; with many runs only the best few stand out."""
+    from matplotlib import colormaps
+
+    n = len(runs)
+    if n <= MAX_LABELLED:
+        cmap = colormaps["tab10"]
+        return [Style(cmap(i % 10), r.label) for i, r in enumerate(runs)]
+    best = sorted(
+        range(n),
+        key=lambda i: -(runs[i].best_accuracy if runs[i].best_accuracy is not None else -1.0),
+    )[:HIGHLIGHT]
+    cmap = colormaps["tab10"]
+    rank = {i: k for k, i in enumerate(best)}
+    return [
+        Style(cmap(rank[i]), runs[i].label, 2.0, 1.0, 4)
+        if i in rank
+        else Style("0.6", None, 1.0, 0.5, 2)
+        for i in range(n)
+    ]
+
+
+# ---- figure helpers --------------------------------------------------------------------------
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, facecolor="white")
+    return path
+
+
+def _style_axes(ax, xlabel: str | None = None, ylabel: str | None = None, title: str = ""):
+    from matplotlib.ticker import MaxNLocator
+
+    if xlabel:
+        ax.set_xlabel(xlabel, fontsize=11)
+        if xlabel == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=11)
+    if title:
+        ax.set_title(title, fontsize=12)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=9)
+
+
+def _run_legend(fig, runs: Sequence[Run], styles: Sequence[Style], extra=()) -> None:
+    """A legend of the runs (and `extra` (handle, label) pairs) below the axes."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = [], []
+    for _run, st in zip(runs, styles, strict=True):
+        if st.label is not None:
+            handles.append(Line2D([], [], color=st.color, lw=2.2))
+            labels.append(st.label)
+    hidden = sum(st.label is None for st in styles)
+    if hidden:
+        handles.append(Line2D([], [], color="0.6", lw=1.2, alpha=0.7))
+        labels.append(f"{hidden} other runs")
+    for h, lab in extra:
+        handles.append(h)
+        labels.append(lab)
+    if not handles:
+        return
+    longest = max(len(s) for s in labels)
+    ncols = max(1, min(len(labels), 3 if longest <= 30 else 2 if longest <= 48 else 1))
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
+
+
+def _lines(ax, x, y, st: Style, *, linestyle: str = "-", marker_below: int = 40) -> None:
+    if len(x) == 0:
+        return
+    marker = "o" if len(x) <= marker_below else None
+    ax.plot(
+        x,
+        y,
+        color=st.color,
+        lw=st.linewidth,
+        alpha=st.alpha,
+        zorder=st.zorder,
+        linestyle=linestyle,
+        marker=marker,
+        markersize=3.5 if len(x) > 1 else 6,
+    )
+
+
+def _maybe_log(ax, values: Sequence[np.ndarray], ratio: float = 50.0) -> bool:
+    """Log y scale when all finite values are > 0 and span more than `ratio`."""
+    finite = [v[np.isfinite(v)] for v in values if len(v)]
+    if not finite:
+        return False
+    allv = np.concatenate(finite)
+    if allv.size and (allv > 0).all() and allv.max() / allv.min() > ratio:
+        from matplotlib.ticker import FuncFormatter
+
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        if allv.max() / allv.min() < 100:  # under two decades: label minor ticks 2 and 5
+            ax.yaxis.set_minor_formatter(FuncFormatter(_two_and_five))
+        else:
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
+        return True
+    return False
+
+
+def _two_and_five(value: float, _pos: Any = None) -> str:
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
+    return f"{value:g}" if round(mantissa, 6) in (2.0, 5.0) else ""
+
+
+def _accuracy_limits(ax, values: Sequence[np.ndarray]) -> None:
+    """Accuracy axes: [0, 1] padded when the values are fractions."""
+    finite = [v[np.isfinite(v)] for v in values if len(v)]
+    allv = np.concatenate(finite) if finite else np.empty(0)
+    if allv.size and allv.min() >= 0 and allv.max() <= 1:
+        lo = max(-0.02, math.floor(allv.min() * 10) / 10 - 0.05)
+        ax.set_ylim(lo, min(1.02, max(allv.max() + 0.05, lo + 0.1)))
+
+
+# ---- per-round curves ------------------------------------------------------------------------
+def _curve_figure(
+    runs: Sequence[Run],
+    styles: Sequence[Style],
+    out: Path,
+    column: str,
+    *,
+    ylabel: str,
+    title: str,
+    accuracy: bool = False,
+) -> Path | None:
+    series = [r.evaluated(column) for r in runs]
+    if not any(len(x) for x, _ in series):
+        return None
+    fig = _figure(9, 5.6)
+    ax = fig.add_subplot()
+    order = sorted(range(len(runs)), key=lambda i: styles[i].zorder)
+    for i in order:
+        x, y = series[i]
+        _lines(ax, x, y, styles[i])
+    _style_axes(ax, "round", ylabel, title)
+    if accuracy:
+        _accuracy_limits(ax, [y for _, y in series])
+    elif _maybe_log(ax, [y for _, y in series]):
+        ax.set_ylabel(f"{ylabel} (log scale)", fontsize=11)
+    _run_legend(fig, runs, styles)
+    return _save(fig, out)
+
+
+def plot_accuracy(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+    """Central test accuracy at every evaluated round, all runs overlaid."""
+    return _curve_figure(
+        runs,
+        styles,
+        out_dir / "accuracy.png",
+        "test_accuracy",
+        ylabel="test accuracy (central test set)",
+        title="Test accuracy of the global model",
+        accuracy=True,
+    )
+
+
+def plot_loss(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+    """Central test loss at every evaluated round."""
+    return _curve_figure(
+        runs,
+        styles,
+        out_dir / "loss.png",
+        "test_loss",
+        ylabel="test loss (central test set)",
+        title="Test loss of the global model",
+    )
+
+
+def plot_epsilon(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+    """ε spent (largest and mean over clients) per round; non-private runs are left out."""
+    from matplotlib.lines import Line2D
+
+    idx = [i for i, r in enumerate(runs) if r.private and len(r.evaluated("epsilon_max")[0])]
+    if not idx:
+        return None
+    sub_runs = [runs[i] for i in idx]
+    sub_styles = [styles[i] for i in idx]
+    fig = _figure(9, 5.6)
+    ax = fig.add_subplot()
+    budgets = {r.epsilon_budget for r in sub_runs if r.epsilon_budget is not None}
+    for run, st in sorted(zip(sub_runs, sub_styles, strict=True), key=lambda p: p[1].zorder):
+        _lines(ax, *run.evaluated("epsilon_max"), st)
+        _lines(ax, *run.evaluated("epsilon_mean"), st, linestyle="--")
+    extra = [
+        (Line2D([], [], color="black", lw=1.8), "ε max over clients"),
+        (Line2D([], [], color="black", lw=1.8, ls="--"), "ε mean over clients"),
+    ]
+    for budget in sorted(budgets):
+        ax.axhline(budget, color="0.3", lw=1.2, ls=":")
+        if len(budgets) > 1:
+            ax.annotate(
+                f"budget {budget:g}",
+                (1.0, budget),
+                xycoords=("axes fraction", "data"),
+                xytext=(-4, 3),
+                textcoords="offset points",
+                ha="right",
+                fontsize=8,
+                color="0.3",
+            )
+    if len(budgets) == 1:
+        extra.append(
+            (Line2D([], [], color="0.3", lw=1.2, ls=":"), f"budget ε = {next(iter(budgets)):g}")
+        )
+    elif budgets:
+        extra.append((Line2D([], [], color="0.3", lw=1.2, ls=":"), "ε budgets"))
+    deltas = {r.delta for r in sub_runs if r.delta is not None}
+    at = f" at δ = {next(iter(deltas)):g}" if len(deltas) == 1 else ""
+    skipped = len(runs) - len(sub_runs)
+    title = "Privacy spent per client" + at
+    if skipped:
+        title += f"\n({skipped} non-private run{'s' if skipped > 1 else ''} not shown)"
+    _style_axes(ax, "round", "ε (record-level, per client)", title)
+    ax.set_ylim(bottom=0)
+    _run_legend(fig, sub_runs, sub_styles, extra)
+    return _save(fig, out_dir / "epsilon.png")
+
+
+# ---- per-client figures ----------------------------------------------------------------------
+def _wrap(text: str, width: int = 34) -> str:
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
+def plot_client_accuracy(
+    runs: Sequence[Run], styles: Sequence[Style], out_dir: Path
+) -> Path | None:
+    """Distribution of per-client test accuracy at each run's last evaluated round."""
+    data, labels, colors = [], [], []
+    for run, st in zip(runs, styles, strict=True):
+        if run.clients is None:
+            continue
+        rnd, acc = last_round_accuracies(run.clients)
+        if acc.size == 0:
+            continue
+        data.append(acc)
+        labels.append(_wrap(f"{run.label} (round {rnd}, {acc.size} clients)"))
+        colors.append(st.color if st.label is not None else "0.6")
+    if not data:
+        return None
+    n = len(data)
+    fig = _figure(9, max(3.2, 1.2 + 0.75 * n))
+    ax = fig.add_subplot()
+    pos = np.arange(n, 0, -1)  # first run on top
+    box_args: dict[str, Any] = {
+        "positions": pos,
+        "widths": 0.55,
+        "showfliers": False,
+        "patch_artist": True,
+        "medianprops": {"color": "black", "lw": 1.5},
+    }
+    try:  # matplotlib >= 3.10
+        box = ax.boxplot(data, orientation="horizontal", **box_args)
+    except TypeError:  # older: the since-deprecated `vert`
+        box = ax.boxplot(data, vert=False, **box_args)
+    for patch, c in zip(box["boxes"], colors, strict=True):
+        patch.set_facecolor(c)
+        patch.set_alpha(0.35)
+    rng = np.random.default_rng(0)
+    for p, acc, c in zip(pos, data, colors, strict=True):
+        jitter = rng.uniform(-0.18, 0.18, size=acc.size)
+        ax.scatter(acc, p + jitter, s=14, color=c, alpha=0.8, edgecolors="none", zorder=4)
+        ax.scatter(
+            [acc.mean()], [p], marker="D", s=36, color="white", edgecolors="black", zorder=5
+        )
+    ax.set_yticks(pos, labels, fontsize=9)
+    ax.set_ylim(0.4, n + 0.6)
+    _style_axes(
+        ax,
+        "client test accuracy (global model on each client's held-out records)",
+        None,
+        "Per-client test accuracy at the last evaluated round\n"
+        "(box: quartiles, dots: clients, ◇: mean over clients)",
+    )
+    allv = np.concatenate(data)
+    if allv.min() >= 0 and allv.max() <= 1:
+        ax.set_xlim(-0.02, 1.02)
+    return _save(fig, out_dir / "client_accuracy.png")
+
+
+def plot_fairness(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+    """Fairness over clients per evaluated round: accuracy spread, worst clients, Ψ."""
+    tables = []
+    for run, st in zip(runs, styles, strict=True):
+        if run.clients is None:
+            continue
+        table = fairness_by_round(run.clients)
+        if table["round"].size:
+            tables.append((run, st, table))
+    if not tables:
+        return None
+    panels = [
+        ("acc_std", "std of client accuracy", "Spread of client accuracy (lower is fairer)"),
+        ("acc_worst", "accuracy", "Worst client's accuracy"),
+        ("acc_worst10", "accuracy", "Mean accuracy of the worst 10% of clients"),
+        ("psi", "Ψ", "Ψ: weighted variance of client test losses"),
+    ]
+    fig = _figure(11, 7.8)
+    axes = fig.subplots(2, 2, sharex=True).ravel()
+    for ax, (key, ylabel, title) in zip(axes, panels, strict=True):
+        values = []
+        for _run, st, table in sorted(tables, key=lambda t: t[1].zorder):
+            y = table[key].copy()
+            y[~np.isfinite(y)] = np.nan
+            values.append(y)
+            _lines(ax, table["round"], y, st)
+        _style_axes(ax, "round", ylabel, title)
+        if key == "psi":
+            if _maybe_log(ax, values, ratio=20):
+                ax.set_ylabel("Ψ (log scale)", fontsize=11)
+            if any((~np.isfinite(t[2]["psi"]) & ~np.isnan(t[2]["psi"])).any() for t in tables):
+                ax.set_title(title + "\n(diverged rounds, Ψ = ∞, not drawn)", fontsize=12)
+        elif key != "acc_std":
+            _accuracy_limits(ax, values)
+        for a in axes[:2]:
+            a.tick_params(labelbottom=True)
+    fig.suptitle(
+        "Fairness over clients (global model on each client's held-out records; "
+        "Ψ weighted by training-set size)",
+        fontsize=12,
+    )
+    _run_legend(fig, [t[0] for t in tables], [t[1] for t in tables])
+    return _save(fig, out_dir / "fairness.png")
+
+
+# ---- algorithm-specific round metrics -------------------------------------------------------
+STANDARD_COLUMNS = frozenset(
+    {
+        "round",
+        "test_accuracy",
+        "test_loss",
+        "epsilon_max",
+        "epsilon_mean",
+        "wall_seconds",
+        "updates_received",
+        "clients_trained",
+        "client_accuracy_mean",
+        "client_accuracy_std",
+    }
+)
+
+
+@dataclass(frozen=True)
+class RoundPanel:
+    """One panel of round_metrics.png: related rounds.parquet columns on one axis."""
+
+    title: str
+    ylabel: str
+    columns: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+    names: Mapping[str, str] | None = None  # legend names of the columns
+    log_ok: bool = True  # may switch to a log scale when values span > 2 decades
+
+    def matches(self, column: str) -> bool:
+        return column in self.columns or column.startswith(self.prefixes)
+
+
+KNOWN_PANELS: tuple[RoundPanel, ...] = (
+    RoundPanel(
+        "Local steps per round (τ for ALI-DPFL)",
+        "local DP-SGD steps",
+        ("local_steps", "tau", "tau_raw", "tau_next"),
+        names={
+            "local_steps": "steps run",
+            "tau": "τ used",
+            "tau_raw": "τ* (unrounded)",
+            "tau_next": "τ planned next",
+        },
+        log_ok=False,
+    ),
+    RoundPanel("Smoothness estimate μ (ALI-DPFL)", "μ", ("mu",)),
+    RoundPanel("γ (ALI-DPFL)", "γ", ("gamma",)),
+    RoundPanel(
+        "DP-SGD iterations (ALI-DPFL)",
+        "iterations",
+        ("iterations_done", "tau_T"),
+        names={"iterations_done": "done", "tau_T": "total T"},
+        log_ok=False,
+    ),
+    RoundPanel("Fairness weight λ", "λ", ("lambda", "lam", "lambda_star", "lambda_next")),
+    RoundPanel("Ψ recorded by the algorithm", "Ψ", ("psi",)),
+    RoundPanel(
+        "Noise multiplier σ",
+        "σ",
+        ("noise_multiplier", "noise_multiplier_next"),
+        names={"noise_multiplier": "used", "noise_multiplier_next": "next"},
+    ),
+    RoundPanel("Clip norm", "C", ("clip_norm_mean", "clip_norm")),
+    RoundPanel("Client selection", "value", prefixes=("select", "num_selected", "participation")),
+    RoundPanel("Clusters", "value", prefixes=("cluster",)),
+    RoundPanel("Training loss (client mean)", "loss", ("train_loss", "schedule_loss")),
+    RoundPanel("Fraction of per-example gradients clipped", "fraction", ("clipped_fraction",)),
+    RoundPanel("Mean realised Poisson batch size", "examples", ("mean_batch_size",), log_ok=False),
+    RoundPanel(
+        "Clients refused (budget exhausted)", "clients", ("clients_refused",), log_ok=False
+    ),
+)
+
+
+def _varies(runs: Sequence[Run], column: str) -> bool:
+    values = [r.rounds[column] for r in runs if column in r.rounds]
+    allv = np.concatenate(values) if values else np.empty(0)
+    allv = allv[~np.isnan(allv)]
+    return allv.size > 0 and not np.all(allv == allv[0])
+
+
+def round_metric_panels(runs: Sequence[Run]) -> tuple[list[RoundPanel], dict[str, float]]:
+    """Panels for the optional rounds.parquet columns present in any run.
+
+    Known columns (ALI-DPFL τ/μ, λ, σ schedules, selection, clusters, training
+    statistics) are grouped; any other numeric column gets a panel of its own. Columns
+    with one value throughout (every run, every round) are not drawn.
+
+    Returns:
+        (panels, constants): panels to draw (at most MAX_PANELS, known ones first) and
+        the constant columns with their value.
+    """
+    present: list[str] = []
+    for run in runs:
+        for c in run.rounds:
+            if c not in STANDARD_COLUMNS and c not in present:
+                present.append(c)
+    constants: dict[str, float] = {}
+    varying = []
+    for c in present:
+        if _varies(runs, c):
+            varying.append(c)
+        else:
+            vals = np.concatenate([r.rounds[c] for r in runs if c in r.rounds])
+            vals = vals[~np.isnan(vals)]
+            if vals.size:
+                constants[c] = float(vals[0])
+    panels: list[RoundPanel] = []
+    used: set[str] = set()
+    for panel in KNOWN_PANELS:
+        cols = tuple(c for c in varying if panel.matches(c))
+        if panel.columns:  # keep the panel's own column order
+            cols = tuple(c for c in panel.columns if c in cols) + tuple(
+                c for c in cols if c not in panel.columns
+            )
+        if cols:
+            panels.append(
+                RoundPanel(panel.title, panel.ylabel, cols, names=panel.names, log_ok=panel.log_ok)
+            )
+            used.update(cols)
+    for c in sorted(c for c in varying if c not in used):
+        panels.append(RoundPanel(c, c, (c,)))
+    return panels, constants
+
+
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def plot_round_metrics(
+    runs: Sequence[Run],
+    styles: Sequence[Style],
+    out_dir: Path,
+    panels: Sequence[RoundPanel],
+) -> Path | None:
+    """Trajectories of the algorithm-specific and training columns, one panel per group."""
+    from matplotlib.lines import Line2D
+
+    panels = list(panels)[:MAX_PANELS]
+    if not panels:
+        return None
+    ncols = 1 if len(panels) == 1 else 2 if len(panels) <= 6 else 3
+    nrows = math.ceil(len(panels) / ncols)
+    fig = _figure(5.2 * ncols if ncols > 1 else 9, 3.4 * nrows + 1.2)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    drawn: list[int] = []
+    for ax, panel in zip(axes, panels, strict=False):
+        values = []
+        shown: set[str] = set()
+        for i in sorted(range(len(runs)), key=lambda i: styles[i].zorder):
+            run, st = runs[i], styles[i]
+            plotted: list[np.ndarray] = []
+            for k, col in enumerate(panel.columns):
+                if col not in run.rounds:
+                    continue
+                y = run.rounds[col]
+                if any(np.array_equal(y, p, equal_nan=True) for p in plotted):
+                    continue  # e.g. ALI-DPFL's local_steps is τ: draw it once
+                plotted.append(y)
+                shown.add(col)
+                ok = np.isfinite(y)
+                values.append(y[ok])
+                _lines(ax, run.round_index[ok], y[ok], st, linestyle=_LINESTYLES[k % 4])
+            if plotted and i not in drawn:
+                drawn.append(i)
+        _style_axes(ax, "round", panel.ylabel, panel.title)
+        ax.title.set_fontsize(11)
+        if panel.log_ok and _maybe_log(ax, values, ratio=100):
+            ax.set_ylabel(f"{panel.ylabel} (log)", fontsize=11)
+        if len(panel.columns) > 1:
+            names = panel.names or {}
+            keys = [k for k, c in enumerate(panel.columns) if c in shown]
+            ax.legend(
+                [Line2D([], [], color="black", lw=1.5, ls=_LINESTYLES[k % 4]) for k in keys],
+                [names.get(panel.columns[k], panel.columns[k]) for k in keys],
+                fontsize=8,
+                loc="best",
+                framealpha=0.8,
+            )
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle("Algorithm and training metrics per round", fontsize=13)
+    drawn.sort()
+    _run_legend(fig, [runs[i] for i in drawn], [styles[i] for i in drawn])
+    return _save(fig, out_dir / "round_metrics.png")
+
+
+# ---- comparisons and sweeps -----------------------------------------------------------------
+def plot_best_accuracy(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+    """Best and final test accuracy per run (trial), best first."""
+    rows = [(r, st) for r, st in zip(runs, styles, strict=True) if r.best_accuracy is not None]
+    if len(rows) < 2:
+        return None
+    rows.sort(key=lambda p: -(p[0].best_accuracy or 0.0))
+    n = len(rows)
+    fig = _figure(9, max(3.0, 1.3 + 0.42 * n))
+    ax = fig.add_subplot()
+    pos = np.arange(n, 0, -1)
+    best = np.array([r.best_accuracy for r, _ in rows], dtype=float)
+    final = np.array(
+        [r.final_accuracy if r.final_accuracy is not None else np.nan for r, _ in rows]
+    )
+    colors = [st.color if st.label is not None else "0.6" for _, st in rows]
+    ax.barh(pos, best, height=0.65, color=colors, alpha=0.75)
+    ax.scatter(final, pos, marker="|", s=220, color="black", zorder=4)
+    for p, b in zip(pos, best, strict=True):
+        ax.text(b, p, f" {b:.4f}", va="center", ha="left", fontsize=8)
+    ax.set_yticks(pos, [_wrap(r.label, 40) for r, _ in rows], fontsize=8 if n > 15 else 9)
+    ax.set_ylim(0.4, n + 0.6)
+    hi = float(np.nanmax(np.concatenate([best, final])))
+    ax.set_xlim(0, hi * 1.12 if hi > 0 else 1)
+    sweeps = {r.sweep for r, _ in rows}
+    what = "trial" if None not in sweeps else "run"
+    _style_axes(ax, "test accuracy (central test set)", None, f"Best test accuracy per {what}")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.grid(False, axis="y")
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    fig.legend(
+        [Patch(color="0.6", alpha=0.75), Line2D([], [], color="black", marker="|", ls="", ms=14)],
+        ["best test accuracy (value printed)", "final test accuracy"],
+        loc="outside lower center",
+        ncols=2,
+        fontsize=9,
+        frameon=False,
+    )
+    return _save(fig, out_dir / "best_accuracy.png")
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def plot_sweep_params(
+    runs: Sequence[Run],
+    styles: Sequence[Style],
+    out_dir: Path,
+    varying: Mapping[str, Sequence[Any]],
+    max_params: int = 4,
+) -> Path | None:
+    """Best accuracy against each numeric hyperparameter that varies across the trials."""
+    params: list[tuple[str, list[float | None]]] = []
+    for key, values in varying.items():
+        if key.endswith(".seed"):
+            continue
+        nums = [_as_number(v) for v in values]
+        if sum(v is not None for v in nums) >= 2 and len({v for v in nums if v is not None}) > 1:
+            params.append((key, nums))
+    params = params[:max_params]
+    if not params:
+        return None
+    best = [r.best_accuracy for r in runs]
+    fig = _figure(4.6 * len(params) + 0.6, 4.4)
+    axes = np.atleast_1d(fig.subplots(1, len(params), sharey=True, squeeze=False).ravel())
+    for ax, (key, nums) in zip(axes, params, strict=True):
+        xs, ys, cs, names = [], [], [], []
+        for x, y, st, run in zip(nums, best, styles, runs, strict=True):
+            if x is not None and y is not None:
+                xs.append(x)
+                ys.append(y)
+                cs.append(st.color if st.label is not None else "0.6")
+                names.append(run.label)
+        ax.scatter(xs, ys, c=cs, s=46, edgecolors="black", linewidths=0.5, zorder=3)
+        if len(xs) <= 10:
+            for x, y, name in zip(xs, ys, names, strict=True):
+                ax.annotate(
+                    _wrap(name, 24),
+                    (x, y),
+                    xytext=(5, 4),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color="0.25",
+                )
+            ax.margins(x=0.15, y=0.12)
+        xa = np.asarray(xs)
+        if (xa > 0).all() and xa.max() / xa.min() >= 20:
+            ax.set_xscale("log")
+        _style_axes(ax, key, None, key)
+    axes[0].set_ylabel("best test accuracy", fontsize=11)
+    fig.suptitle("Best test accuracy against the hyperparameters that vary", fontsize=12)
+    return _save(fig, out_dir / "sweep_params.png")
