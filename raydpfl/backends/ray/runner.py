@@ -92,7 +92,8 @@ def connect(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     if address in (None, "local"):
-        ray.init(include_dashboard=False, logging_level="WARNING")
+        # address="local" starts a fresh instance even when RAY_ADDRESS points elsewhere.
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
     else:
         ray.init(address=address, logging_level="WARNING")
     return True
