@@ -21,7 +21,7 @@ def test_a_local_ray_is_started_with_the_dashboard_off(monkeypatch):
 
     assert started is True
     assert calls[0]["include_dashboard"] is False
-    assert "address" not in calls[0]
+    assert calls[0]["address"] == "local"  # never joins whatever RAY_ADDRESS names
 
 
 def test_joining_a_cluster_passes_the_address(monkeypatch):
