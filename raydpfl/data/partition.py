@@ -7,7 +7,7 @@ disjoint and hold only indices into the input. All randomness comes from the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +81,42 @@ def _dirichlet_draw(
     return [np.concatenate(s) if s else np.empty(0, np.int64) for s in shares]
 
 
+def _redraw_until_large_enough(
+    name: str,
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_samples_per_client: int,
+    draw: Callable[[list[np.ndarray], int, float, int], list[np.ndarray] | None],
+) -> list[np.ndarray]:
+    """Checks a Dirichlet partitioner's arguments, then repeats `draw(by_class, num_clients,
+    alpha, num_samples)` (None = retry) until every client has `min_samples_per_client`."""
+    labels = check_labels(labels)
+    num_clients = check_int("num_clients", num_clients, 1)
+    alpha = check_nonnegative("alpha", alpha)
+    if alpha == 0:
+        raise ValueError("alpha must be a finite real number > 0, got 0")
+    check_rng(rng)
+    min_samples_per_client = check_int("min_samples_per_client", min_samples_per_client, 0)
+    _check_clients_fit(num_clients, len(labels))
+    if num_clients * min_samples_per_client > len(labels):
+        raise ValueError(
+            f"min_samples_per_client ({min_samples_per_client}) x num_clients "
+            f"({num_clients}) exceeds the {len(labels)} samples; lower either"
+        )
+    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    for _ in range(_DIRICHLET_MAX_TRIES):
+        parts = draw(by_class, num_clients, alpha, len(labels))
+        if parts is not None and min(len(p) for p in parts) >= min_samples_per_client:
+            return _sorted_parts(parts)
+    raise ValueError(
+        f"{name}: no draw in {_DIRICHLET_MAX_TRIES} tries gave every client "
+        f">= {min_samples_per_client} samples; increase alpha, lower num_clients or "
+        "lower min_samples_per_client"
+    )
+
+
 def partition_dirichlet(
     labels: np.ndarray,
     num_clients: int,
@@ -111,28 +147,14 @@ def partition_dirichlet(
         ValueError: If an argument is out of range or no draw within 1000 tries meets
             `min_samples_per_client`.
     """
-    labels = check_labels(labels)
-    num_clients = check_int("num_clients", num_clients, 1)
-    alpha = check_nonnegative("alpha", alpha)
-    if alpha == 0:
-        raise ValueError("alpha must be a finite real number > 0, got 0")
-    check_rng(rng)
-    min_samples_per_client = check_int("min_samples_per_client", min_samples_per_client, 0)
-    _check_clients_fit(num_clients, len(labels))
-    if num_clients * min_samples_per_client > len(labels):
-        raise ValueError(
-            f"min_samples_per_client ({min_samples_per_client}) x num_clients "
-            f"({num_clients}) exceeds the {len(labels)} samples; lower either"
-        )
-    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
-    for _ in range(_DIRICHLET_MAX_TRIES):
-        parts = _dirichlet_draw(by_class, num_clients, alpha, rng)
-        if min(len(p) for p in parts) >= min_samples_per_client:
-            return _sorted_parts(parts)
-    raise ValueError(
-        f"partition_dirichlet: no draw in {_DIRICHLET_MAX_TRIES} tries gave every client "
-        f">= {min_samples_per_client} samples; increase alpha, lower num_clients or "
-        "lower min_samples_per_client"
+    return _redraw_until_large_enough(
+        "partition_dirichlet",
+        labels,
+        num_clients,
+        alpha,
+        rng,
+        min_samples_per_client,
+        lambda by_class, n, a, total: _dirichlet_draw(by_class, n, a, rng),
     )
 
 
@@ -215,28 +237,14 @@ def partition_dirichlet_capped(
         ValueError: If an argument is out of range or no draw within 1000 tries meets
             `min_samples_per_client`.
     """
-    labels = check_labels(labels)
-    num_clients = check_int("num_clients", num_clients, 1)
-    alpha = check_nonnegative("alpha", alpha)
-    if alpha == 0:
-        raise ValueError("alpha must be a finite real number > 0, got 0")
-    check_rng(rng)
-    min_samples_per_client = check_int("min_samples_per_client", min_samples_per_client, 0)
-    _check_clients_fit(num_clients, len(labels))
-    if num_clients * min_samples_per_client > len(labels):
-        raise ValueError(
-            f"min_samples_per_client ({min_samples_per_client}) x num_clients "
-            f"({num_clients}) exceeds the {len(labels)} samples; lower either"
-        )
-    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
-    for _ in range(_DIRICHLET_MAX_TRIES):
-        parts = _capped_dirichlet_draw(by_class, num_clients, alpha, len(labels), rng)
-        if parts is not None and min(len(p) for p in parts) >= min_samples_per_client:
-            return _sorted_parts(parts)
-    raise ValueError(
-        f"partition_dirichlet_capped: no draw in {_DIRICHLET_MAX_TRIES} tries gave every "
-        f"client >= {min_samples_per_client} samples; increase alpha, lower num_clients "
-        "or lower min_samples_per_client"
+    return _redraw_until_large_enough(
+        "partition_dirichlet_capped",
+        labels,
+        num_clients,
+        alpha,
+        rng,
+        min_samples_per_client,
+        lambda by_class, n, a, total: _capped_dirichlet_draw(by_class, n, a, total, rng),
     )
 
 
