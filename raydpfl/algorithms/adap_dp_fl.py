@@ -15,7 +15,7 @@ has decreased over the last rounds (the spec: the last 4).
 What this module does:
 
 - Clients run τ (`local_steps`, the spec's 3) DP-SGD steps per round with the same
-  machinery as ALI-DPFL (`ali_dpfl.dp_sgd_local_update`: Poisson rate q, flat per-sample
+  machinery as ALI-DPFL (`dp_fedavg.dp_sgd_local_update`: Poisson rate q, flat per-sample
   clipping at C_k^t, Gaussian noise σ_t·C_k^t on the clipped sum, division by q·|D_k|).
   The server takes the |D_k|-weighted mean of the updates (FedAvg).
 - **Adaptive clip bound.** C_k^t = α · s_k, where s_k is the mean L2 norm of client k's
@@ -81,7 +81,6 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from raydpfl.algorithms.ali_dpfl import Normalizer, dp_sgd_local_update
 from raydpfl.algorithms.base import (
     Algorithm,
     ClientContext,
@@ -93,6 +92,7 @@ from raydpfl.algorithms.base import (
     parameter_delta,
     uniform_cohort,
 )
+from raydpfl.algorithms.dp_fedavg import Normalizer, dp_sgd_local_update
 from raydpfl.privacy.accountants import (
     HistoryEntry,
     compute_epsilon,
