@@ -11,35 +11,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from raydpfl.config._base import ConfigError, _check
+from raydpfl.config.dpfl_bcs import DATASET_NAMES as BCS_DATASETS
+from raydpfl.config.dpfl_bcs import MODEL_NAMES as BCS_MODELS
+from raydpfl.config.dpfl_bcs import NAMES as BCS_ALGORITHMS
+from raydpfl.config.dpfl_bcs import DpflBcsConfig
+from raydpfl.config.fedfdp import NAMES as FEDFDP_ALGORITHMS
+from raydpfl.config.fedfdp import FedFdpConfig
+from raydpfl.config.rc_dpfl import MODEL_NAMES as RC_MODELS
+from raydpfl.config.rc_dpfl import NAMES as RC_ALGORITHMS
+from raydpfl.config.rc_dpfl import ClusterShiftConfig, RcDpflConfig
 
-class ConfigError(ValueError):
-    """A config value is missing, unknown, of the wrong type or out of range.
+__all__ = ["ConfigError"]
 
-    Attributes:
-        field: Dotted path of the offending field (e.g. ``experiment.privacy.delta``).
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}" if field else message)
-
-    def under(self, prefix: str) -> ConfigError:
-        """The same error with `prefix` prepended to its field path."""
-        path = f"{prefix}.{self.field}" if self.field else prefix
-        return ConfigError(path, self.message)
-
-
-def _check(ok: bool, name: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(name, message)
-
-
-DatasetName = Literal["synthetic", "mnist", "fashion_mnist", "cifar10", "digits"]
+_CORE_DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "digits")
+DatasetName = Literal[_CORE_DATASETS + BCS_DATASETS]  # type: ignore[valid-type]
 PartitionKind = Literal["iid", "dirichlet", "dirichlet_capped", "shards"]
-AlgorithmName = Literal[
-    "fedavg", "dp_fedavg", "ali_dpfl", "dp_fedavg_fixed_tau", "pe_dpfl", "adap_dp_fl"
+_CORE_ALGORITHMS = (
+    "fedavg",
+    "dp_fedavg",
+    "ali_dpfl",
+    "dp_fedavg_fixed_tau",
+    "pe_dpfl",
+    "adap_dp_fl",
+)
+# Each paper's section module names its own algorithms (and models, datasets).
+AlgorithmName = Literal[  # type: ignore[valid-type]
+    _CORE_ALGORITHMS + FEDFDP_ALGORITHMS + BCS_ALGORITHMS + RC_ALGORITHMS
 ]
+_CORE_MODELS = ("fedavg_cnn", "logreg", "mlp")
+ModelName = Literal[_CORE_MODELS + BCS_MODELS + RC_MODELS]  # type: ignore[valid-type]
 AccountantName = Literal["rdp", "prv", "dp_rdp", "pld"]
 BackendName = Literal["ray", "local"]
 DeviceName = Literal["cpu", "cuda", "auto"]
@@ -101,6 +102,7 @@ class DataConfig:
     # How a client's records split: test = round(f·n) (nearest) or train = floor((1−f)·n).
     split_rounding: Literal["nearest", "floor_train"] = "nearest"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    cluster_shift: ClusterShiftConfig = field(default_factory=ClusterShiftConfig)
     seed: int | None = None  # partition seed; null = derived from runtime.seed
 
     def __post_init__(self) -> None:
@@ -122,7 +124,7 @@ class DataConfig:
 class ModelConfig:
     """The model architecture (see `raydpfl.models`)."""
 
-    name: Literal["fedavg_cnn", "logreg", "mlp"] = "fedavg_cnn"
+    name: ModelName = "fedavg_cnn"
     hidden: int = 200  # mlp only
 
     def __post_init__(self) -> None:
@@ -225,6 +227,9 @@ class AlgorithmConfig:
     ali_dpfl: AliDpflConfig = field(default_factory=AliDpflConfig)
     pe_dpfl: PeDpflConfig = field(default_factory=PeDpflConfig)
     adap_dp_fl: AdapDpFlConfig = field(default_factory=AdapDpFlConfig)
+    fedfdp: FedFdpConfig = field(default_factory=FedFdpConfig)
+    dpfl_bcs: DpflBcsConfig = field(default_factory=DpflBcsConfig)
+    rc_dpfl: RcDpflConfig = field(default_factory=RcDpflConfig)
 
     def __post_init__(self) -> None:
         _check(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")

@@ -1,5 +1,7 @@
 """Model zoo (see `raydpfl.models.zoo`)."""
 
+from raydpfl.models import dpfl_bcs as _dpfl_bcs  # noqa: F401  (registers its models)
+from raydpfl.models import rc_dpfl as _rc_dpfl  # noqa: F401  (registers its models)
 from raydpfl.models.zoo import (
     MLP,
     MODELS,

@@ -7,6 +7,7 @@ here (or in the schema) before any training or Ray work starts.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +110,7 @@ def build_experiment(config: Config) -> Experiment:
         "backend": rt.backend,
         "workers": rt.workers if rt.backend == "ray" else 1,
     }
-    algorithm, ledger, privacy = _make_algorithm(config, sizes, model)
+    algorithm, ledger, privacy = _make_algorithm(config, dataset, model)
     metadata["privacy"] = privacy
     extra = []
     if exp.data.client_test_fraction > 0 and exp.algorithm.evaluate_clients:
@@ -135,11 +136,15 @@ def build_experiment(config: Config) -> Experiment:
 
 
 def _make_algorithm(
-    config: Config, sizes: np.ndarray, model: torch.nn.Module
+    config: Config, dataset: FederatedDataset, model: torch.nn.Module
 ) -> tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]:
     """The algorithm, its ledger (None when non-private) and the privacy metadata."""
     exp = config.experiment
     algo, privacy = exp.algorithm, exp.privacy
+    sizes = dataset.train_sizes()
+    builder = _paper_builder(algo.name)
+    if builder is not None:
+        return builder.build(config, dataset, model)
     if algo.name == "fedavg":
         fedavg = FedAvg(
             clients_per_round=algo.clients_per_round,
@@ -148,18 +153,11 @@ def _make_algorithm(
             batch_size=algo.batch_size,
         )
         return fedavg, None, {"unit": "none: non-private run (epsilon is infinite)"}
-    _check_delta(privacy.delta, sizes)
+    check_delta(privacy.delta, sizes)
     ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
-    meta: dict[str, Any] = {
-        **PRIVACY_STATEMENT,
-        "accountant": describe_accountant(privacy.accountant),
-        "epsilon_budget": privacy.epsilon,
-        "delta": privacy.delta,
-        "sampling_rate": privacy.sampling_rate,
-        "clip_norm": privacy.clip_norm,
-    }
+    meta = privacy_metadata(privacy)
     if algo.name == "dp_fedavg":
-        sigma, calibrated = _noise_multiplier(privacy, algo.rounds * algo.local_steps)
+        sigma, calibrated = noise_multiplier(privacy, algo.rounds * algo.local_steps)
         algorithm: Algorithm = DPFedAvg(
             clients_per_round=algo.clients_per_round,
             local_steps=algo.local_steps,
@@ -173,6 +171,33 @@ def _make_algorithm(
     if algo.name in ("pe_dpfl", "adap_dp_fl"):
         return _ali_baseline(config, sizes, model, ledger, meta)
     return _ali(config, sizes, model, ledger, meta)
+
+
+def _paper_builder(name: str) -> Any:
+    """The per-paper builder module serving algorithm `name` (None: built here)."""
+    from raydpfl.config import dpfl_bcs, fedfdp, rc_dpfl
+    from raydpfl.simulation import builders  # noqa: F401  (the package the modules live in)
+
+    for section, module in (
+        (fedfdp, "fedfdp"),
+        (dpfl_bcs, "dpfl_bcs"),
+        (rc_dpfl, "rc_dpfl"),
+    ):
+        if name in section.NAMES:
+            return importlib.import_module(f"raydpfl.simulation.builders.{module}")
+    return None
+
+
+def privacy_metadata(privacy: PrivacyConfig) -> dict[str, Any]:
+    """The privacy statement and the run's privacy settings (summary.json)."""
+    return {
+        **PRIVACY_STATEMENT,
+        "accountant": describe_accountant(privacy.accountant),
+        "epsilon_budget": privacy.epsilon,
+        "delta": privacy.delta,
+        "sampling_rate": privacy.sampling_rate,
+        "clip_norm": privacy.clip_norm,
+    }
 
 
 def _ali_baseline(
@@ -324,6 +349,10 @@ def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
     """Builds the federated dataset named by `data` on the partition stream."""
     seed = run_seed if data.seed is None else data.seed
     rng = numpy_rng(seed, NO_ROUND, SERVER, "partition")
+    if data.cluster_shift.kind != "none":
+        from raydpfl.simulation.builders.rc_dpfl import load_clustered
+
+        return load_clustered(data, rng)
     try:
         if data.dataset == "synthetic":
             s = data.synthetic
@@ -441,7 +470,7 @@ def run_experiment(
     return summary
 
 
-def _noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, bool]:
+def noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, bool]:
     """σ from the config, or calibrated so that `max_steps` steps spend at most ε."""
     if privacy.noise_multiplier is not None:
         return privacy.noise_multiplier, False
@@ -456,7 +485,7 @@ def _noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, bo
     return sigma, True
 
 
-def _check_delta(delta: float, sizes: np.ndarray) -> None:
+def check_delta(delta: float, sizes: np.ndarray) -> None:
     largest = int(sizes.max())
     if delta >= 1.0 / largest:
         raise ConfigError(

@@ -30,6 +30,7 @@ from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, Weighte
 from raydpfl.backends.base import Backend
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.evaluation import EvalResult, evaluate
+from raydpfl.simulation.fairness import fairness_metrics
 from raydpfl.simulation.outputs import RunWriter, model_sha256
 from raydpfl.simulation.reduction import group_tasks
 from raydpfl.simulation.seeding import SERVER, numpy_rng
@@ -328,6 +329,20 @@ class Server:
         if np.isfinite(accs).any():
             row["client_accuracy_mean"] = float(np.nanmean(accs))
             row["client_accuracy_std"] = float(np.nanstd(accs))
+            row.update(self._fairness(per_client))
+
+    def _fairness(self, per_client: Sequence[EvalResult]) -> dict[str, float]:
+        """FedFDP's Ψ and the accuracy-spread metrics over the clients with test records,
+        p_i ∝ |D_i| (see `raydpfl.simulation.fairness`); keys prefixed ``fair_``."""
+        scored = [c for c, e in enumerate(per_client) if e.num_examples > 0]
+        if not scored:
+            return {}
+        metrics = fairness_metrics(
+            losses=[per_client[c].loss for c in scored],
+            accuracies=[per_client[c].accuracy for c in scored],
+            weights=[float(self.train_sizes[c]) for c in scored],
+        )
+        return {f"fair_{k}": v for k, v in metrics.items()}
 
     # ---- end of run -----------------------------------------------------------------
     def _score_final_model(self) -> None:

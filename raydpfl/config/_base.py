@@ -1,0 +1,26 @@
+"""`ConfigError` and the one-line check every config section uses."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown, of the wrong type or out of range.
+
+    Attributes:
+        field: Dotted path of the offending field (e.g. ``experiment.privacy.delta``).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+    def under(self, prefix: str) -> ConfigError:
+        """The same error with `prefix` prepended to its field path."""
+        path = f"{prefix}.{self.field}" if self.field else prefix
+        return ConfigError(path, self.message)
+
+
+def _check(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(name, message)
