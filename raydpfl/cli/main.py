@@ -1,4 +1,4 @@
-"""`raydpfl` command line: run, validate, privacy, data, report.
+"""`raydpfl` command line: run, validate, tune, privacy, data, report.
 
 Bad input (config, arguments, missing dataset files) exits with status 2 and one line
 on stderr, before any training starts; nothing already on disk is overwritten.
@@ -118,6 +118,20 @@ def _build_parser() -> argparse.ArgumentParser:
     st.add_argument("config")
     _add_set(st)
     st.set_defaults(handler=_cmd_data_stats)
+
+    tun = sub.add_parser(
+        "tune",
+        help="hyperparameter sweep with Ray Tune (a config with a tune: section)",
+        description="Runs one simulation per trial of the tune: section's search space "
+        "(see configs/sweeps/). Writes SWEEP_DIR/results.parquet, best_config.yaml and "
+        "sweep_summary.json (with the privacy cost of picking the best trial).",
+    )
+    tun.add_argument("config", nargs="?", help="path to the sweep file")
+    _add_set(tun)
+    tun.add_argument("--out", help="sweep directory (default runtime.output/<name>-sweep-<time>)")
+    tun.add_argument("--resume", metavar="SWEEP_DIR", help="continue an interrupted sweep")
+    tun.add_argument("--quiet", action="store_true", help="no Ray Tune progress table")
+    tun.set_defaults(handler=_cmd_tune)
 
     rep = sub.add_parser(
         "report", help="figures and a Markdown summary of run or sweep directories"
@@ -361,6 +375,56 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
     )
     print(ds.stats().summary())
     return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from raydpfl.tune.sweep import load_sweep_file, resume_sweep, run_sweep
+
+    verbose = 0 if args.quiet else 1
+    if args.resume:
+        if args.config is not None or args.out or args.overrides:
+            raise ConfigError("resume", "--resume takes the sweep's own sweep.yaml and directory")
+        summary = resume_sweep(Path(args.resume), verbose=verbose)
+    else:
+        if args.config is None:
+            raise ConfigError("config", "give a sweep file, or --resume SWEEP_DIR")
+        sweep = load_sweep_file(args.config, tuple(args.overrides))
+        out = (
+            Path(args.out)
+            if args.out
+            else _default_run_dir(sweep.base.runtime.output, f"{sweep.base.experiment.name}-sweep")
+        )
+        summary = run_sweep(sweep, out, verbose=verbose)
+    _print_sweep(summary)
+    return 0
+
+
+def _print_sweep(summary: Mapping[str, Any]) -> None:
+    rows = summary["rows"]
+    print(
+        f"sweep: {summary['trials']} trials ({summary['trials_completed']} completed, "
+        f"{summary['trials_stopped_early']} stopped early, {summary['trials_failed']} failed); "
+        f"{summary['mode']} {summary['metric']}"
+    )
+    for r in rows:
+        metric = "-" if r["metric_last"] is None else f"{r['metric_last']:.4f}"
+        params = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["params"].items()
+        )
+        print(
+            f"  {r['trial_id']}  {r['status']:<13} rounds {r['rounds_completed']:>4}  "
+            f"{summary['metric']} {metric}  {params}"
+        )
+    if summary["best_trial"] is not None:
+        print(f"best: {summary['best_trial']} {summary['metric']}={summary['best_metric']:.4f}")
+    privacy = summary.get("privacy")
+    if privacy:
+        for key in ("epsilon_per_trial_max", "epsilon_sweep"):
+            eps = privacy.get(key)
+            if eps is not None:
+                label = privacy[key.replace("_max", "") + "_label"]
+                print(f"{key} = {eps:.4g} ({label})")
+    print(f"sweep directory: {summary['sweep_dir']}")
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

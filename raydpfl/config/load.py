@@ -65,15 +65,29 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     if "=" not in item:
         raise ConfigError("", f"override {item!r} must look like section.key=value")
     key, _, text = item.partition("=")
-    parts = [k for k in key.strip().split(".") if k]
+    parts = dotted_path(key)
     if not parts:
         raise ConfigError("", f"override {item!r} names no key")
-    if parts[0] in _EXPERIMENT_KEYS:
-        parts = ["experiment", *parts]
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         raise ConfigError(".".join(parts), f"cannot parse override value {text!r}") from None
+    set_dotted(data, ".".join(parts), value)
+
+
+def dotted_path(key: str) -> list[str]:
+    """The parts of a dotted config key, with ``experiment.`` added where it was omitted."""
+    parts = [k for k in key.strip().split(".") if k]
+    if parts and parts[0] in _EXPERIMENT_KEYS:
+        parts = ["experiment", *parts]
+    return parts
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Sets `data[...]` at dotted `key` to `value` in place, creating sections on the way."""
+    parts = dotted_path(key)
+    if not parts:
+        raise ConfigError("", f"{key!r} names no key")
     node = data
     for depth, k in enumerate(parts[:-1]):
         child = node.get(k)

@@ -89,6 +89,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
             output directory cannot be used.
     """
     runs, notes = collect_runs(paths)
+    notes = [*notes, *_sweep_notes(paths)]
     out_dir = Path(out) if out is not None else default_out_dir(paths)
     for run in runs:
         if out_dir.resolve() == run.path.resolve():
@@ -178,3 +179,38 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
         figures=[f.path for f in figures if f.path is not None],
         runs=runs,
     )
+
+
+def _sweep_notes(paths: Sequence[str | Path]) -> list[str]:
+    """One line per `raydpfl tune` sweep: its best trial and the privacy of picking it."""
+    import json
+
+    lines = []
+    for raw in paths:
+        path = Path(raw) / "sweep_summary.json"
+        if not path.is_file():
+            continue
+        try:
+            s = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            lines.append(f"sweep {raw}: unreadable sweep_summary.json ({e})")
+            continue
+        text = (
+            f"sweep {Path(raw).name}: {s.get('trials')} trials "
+            f"({s.get('trials_completed')} completed, {s.get('trials_stopped_early')} stopped "
+            f"early, {s.get('trials_failed')} failed); best trial {s.get('best_trial')} with "
+            f"{s.get('metric')} = {_fmt(s.get('best_metric'))}"
+        )
+        privacy = s.get("privacy") or {}
+        if privacy.get("epsilon_sweep") is not None:
+            text += (
+                f"; epsilon {privacy['epsilon_per_trial_max']:.4g} per trial (tuning excluded), "
+                f"{privacy['epsilon_sweep']:.4g} for the whole sweep "
+                f"({privacy['epsilon_sweep_label']})"
+            )
+        lines.append(text)
+    return lines
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

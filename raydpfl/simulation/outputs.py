@@ -48,6 +48,22 @@ CLIENT_SCHEMA = pa.schema(
 )
 
 
+def read_charge_log(run_dir: Path) -> dict[int, list[list[Any]]]:
+    """round → the charge batches `run_dir`'s ledger_log.jsonl holds for it, in order
+    (complete lines only)."""
+    path = Path(run_dir) / CHARGE_LOG
+    out: dict[int, list[list[Any]]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line cut short by the crash: nothing after it was dispatched
+        out.setdefault(int(entry["round"]), []).append(entry["charges"])
+    return out
+
+
 def check_run_dir_free(path: str | Path) -> Path:
     """Raises FileExistsError if `path` exists and is not an empty directory."""
     p = Path(path)
@@ -145,17 +161,7 @@ class RunWriter:
 
     def read_charge_log(self) -> dict[int, list[list[Any]]]:
         """round → the charge batches logged for it, in order (complete lines only)."""
-        path = self.run_dir / CHARGE_LOG
-        out: dict[int, list[list[Any]]] = {}
-        if not path.exists():
-            return out
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a line cut short by the crash: nothing after it was dispatched
-            out.setdefault(int(entry["round"]), []).append(entry["charges"])
-        return out
+        return read_charge_log(self.run_dir)
 
     def write_checkpoint(
         self, rounds_completed: int, params: Mapping[str, torch.Tensor], state: Mapping[str, Any]

@@ -309,6 +309,32 @@ def test_a_sweep_directory_reports_every_trial_ranked(tmp_path):
     assert len(again.runs) == 3
 
 
+def test_a_tune_sweep_summary_is_quoted_with_both_epsilons(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "trials" / "t0", seed=0)
+    summary = {
+        "trials": 8,
+        "trials_completed": 3,
+        "trials_stopped_early": 5,
+        "trials_failed": 0,
+        "best_trial": "t0",
+        "metric": "test_accuracy",
+        "best_metric": 0.81234,
+        "privacy": {
+            "epsilon_per_trial_max": 2.5,
+            "epsilon_sweep": 6.25,
+            "epsilon_sweep_label": "composed over trials",
+        },
+    }
+    (sweep / "sweep_summary.json").write_text(json.dumps(summary))
+
+    report = build_report([sweep])
+
+    text = report.markdown.read_text()
+    assert "best trial t0 with test_accuracy = 0.8123" in text
+    assert "epsilon 2.5 per trial (tuning excluded), 6.25 for the whole sweep" in text
+
+
 def test_trials_two_levels_down_are_found(tmp_path):
     make_run(tmp_path / "sweep" / "group_a" / "t0", seed=0)
     make_run(tmp_path / "sweep" / "group_b" / "t1", seed=1)
