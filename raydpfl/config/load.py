@@ -51,6 +51,10 @@ def config_from_dict(raw: Any, overrides: Iterable[str] = ()) -> Config:
     """Builds the validated tree from a plain mapping plus dotted overrides."""
     if not isinstance(raw, Mapping):
         raise ConfigError("", "the config must be a mapping with keys experiment, runtime")
+    if "tune" in raw:
+        raise ConfigError(
+            "tune", "this is a sweep file (it has a tune: section): run it with `raydpfl tune`"
+        )
     data = _deep_copy(raw)
     for item in overrides:
         apply_override(data, item)

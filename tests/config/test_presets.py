@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from raydpfl.config import load_config
+from raydpfl.config import ConfigError, load_config
+from raydpfl.tune.sweep import load_sweep_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -26,7 +28,12 @@ def _repro():
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
 def test_shipped_config_validates(path):
-    load_config(path)
+    if "tune" in yaml.safe_load(path.read_text()):  # a sweep file: every trial value checked
+        load_sweep_file(path)
+        with pytest.raises(ConfigError, match="raydpfl tune"):
+            load_config(path)
+    else:
+        load_config(path)
 
 
 def test_ali_dpfl_presets_are_written_by_the_repro_script_and_match_the_paper():
