@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from raydpfl.privacy.dpsgd import Params, StepStats, WeightRule
+from raydpfl.privacy.dpsgd import Params, StepStats, WeightRule, needs_losses
 
 _SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
 
@@ -105,13 +105,18 @@ class BookkeepingClipping:
     def clipped_sum(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, weight_rule: WeightRule
     ) -> tuple[Params, StepStats]:
-        """Σ_i a_i ∇ℓ_i with a_i = weight_rule(‖∇ℓ_i‖), plus step statistics."""
+        """Σ_i a_i ∇ℓ_i with a_i = weight_rule(‖∇ℓ_i‖), plus step statistics.
+
+        A `raydpfl.privacy.dpsgd.LossWeightRule` gets a_i = weight_rule(‖∇ℓ_i‖, ℓ_i),
+        the per-sample losses of the same forward pass."""
         total = {name: torch.zeros_like(p) for name, p in params.items()}
         clipped, norm_sum = 0, 0.0
+        with_losses = needs_losses(weight_rule)
         for start in range(0, x.shape[0], self.max_chunk):
             xb, yb = x[start : start + self.max_chunk], y[start : start + self.max_chunk]
-            norms, records = self._norms(params, xb, yb)
-            weights = weight_rule(norms)
+            norms, records, losses = self._norms_and_losses(params, xb, yb)
+            args = (norms, losses) if with_losses else (norms,)
+            weights = weight_rule(*args)  # type: ignore[call-arg]
             for rec in records:
                 for name, grad in _weighted_grads(rec, weights).items():
                     total[name].add_(grad)
@@ -121,11 +126,17 @@ class BookkeepingClipping:
 
     def norms(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Per-sample gradient norms ‖∇ℓ_i‖ over all parameters (flat)."""
-        return self._norms(params, x, y)[0]
+        return self._norms_and_losses(params, x, y)[0]
 
     def _norms(
         self, params: Params, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, list[_Record]]:
+        norms, records, _ = self._norms_and_losses(params, x, y)
+        return norms, records
+
+    def _norms_and_losses(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, list[_Record], torch.Tensor]:
         leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
         self._records = []
         try:
@@ -141,7 +152,7 @@ class BookkeepingClipping:
             rec.grad = g.detach()
             rec.output = rec.output.detach()
             norms_sq += _norm_sq(rec)
-        return norms_sq.sqrt(), records
+        return norms_sq.sqrt(), records, losses.detach()
 
 
 # ---- layer rules --------------------------------------------------------------------

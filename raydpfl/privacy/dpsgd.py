@@ -35,10 +35,37 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 
 Params = dict[str, torch.Tensor]
-WeightRule = Callable[[torch.Tensor], torch.Tensor]
+
+
+class LossWeightRule:
+    """A weight rule that also sees each sample's loss: ``fn(norms, losses) -> weights``.
+
+    FedFDP's fair clipping (Eq. 13 of the FedFDP paper) scales each sample by
+    1 + λ(ℓ_j − F) before clipping, so it needs the per-sample losses ℓ_j at the same
+    parameters as the norms. Engines call a rule with ``needs_losses = True`` as
+    ``rule(norms, losses)`` and every other rule as ``rule(norms)`` (unchanged path).
+    The rule must still keep every ‖a_j g_j‖ ≤ C for the step to be DP.
+    """
+
+    needs_losses = True
+
+    def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.fn = fn
+
+    def __call__(self, norms: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+        return self.fn(norms, losses)
+
+
+WeightRule = Callable[[torch.Tensor], torch.Tensor] | LossWeightRule
+
+
+def needs_losses(rule: object) -> bool:
+    """Whether `rule` is called with per-sample losses as well as norms."""
+    return bool(getattr(rule, "needs_losses", False))
+
 
 #: Guards the division in min(1, C/‖g‖); same constant as opacus. With it every clipped
 #: norm is strictly below C.
@@ -165,6 +192,8 @@ class PerSampleGradients:
             return F.cross_entropy(logits, y.unsqueeze(0))
 
         self._per_sample_grad = vmap(grad(sample_loss), in_dims=(None, 0, 0))
+        # Only for loss-aware rules, so the plain path stays bit-identical.
+        self._per_sample_grad_and_loss = vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0))
 
     def grads(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
         """Per-sample gradients {name: (B, *shape)}."""
@@ -179,16 +208,22 @@ class PerSampleGradients:
     ) -> tuple[Params, StepStats]:
         """Σ_i a_i g_i with a_i = weight_rule(‖g_i‖), plus step statistics.
 
-        An empty batch gives zero tensors shaped like `params`.
+        A `LossWeightRule` gets a_i = weight_rule(‖g_i‖, ℓ_i) instead. An empty batch
+        gives zero tensors shaped like `params`.
         """
         total = {name: torch.zeros_like(p) for name, p in params.items()}
         n, clipped, norm_sum = x.shape[0], 0, 0.0
+        with_losses = needs_losses(weight_rule)
         for start in range(0, n, self.max_chunk):
-            grads = self.grads(
-                params, x[start : start + self.max_chunk], y[start : start + self.max_chunk]
-            )
-            norms = per_sample_norms(grads)
-            weights = weight_rule(norms)
+            xb, yb = x[start : start + self.max_chunk], y[start : start + self.max_chunk]
+            if with_losses:
+                grads, losses = self._per_sample_grad_and_loss(params, xb, yb)
+                norms = per_sample_norms(grads)
+                weights = weight_rule(norms, losses.detach())  # type: ignore[call-arg]
+            else:
+                grads = self.grads(params, xb, yb)
+                norms = per_sample_norms(grads)
+                weights = weight_rule(norms)  # type: ignore[call-arg]
             for name, part in weighted_sum(grads, weights).items():
                 total[name].add_(part)
             clipped += int((weights < 1.0).sum())

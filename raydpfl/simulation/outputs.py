@@ -130,7 +130,10 @@ class RunWriter:
         self._write_rounds()
 
     def _write_rounds(self) -> None:
-        table = pa.Table.from_pylist(self.round_rows)
+        # Columns from every row (from_pylist takes the first row's keys only, and later
+        # rows add keys: evaluation metrics on evaluated rounds, an algorithm's own).
+        keys = dict.fromkeys(k for row in self.round_rows for k in row)
+        table = pa.Table.from_pydict({k: [row.get(k) for row in self.round_rows] for k in keys})
         tmp = self.run_dir / "rounds.parquet.tmp"
         pq.write_table(table, tmp)
         os.replace(tmp, self.run_dir / "rounds.parquet")

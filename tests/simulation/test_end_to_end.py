@@ -101,3 +101,20 @@ def test_dp_fedavg_cnn_on_fashion_mnist_learns():
     assert exp.dataset.x.shape[1:] == (1, 28, 28)
     assert summary["final_test_accuracy"] > 0.35  # chance is 0.1
     assert summary["epsilon_max"] <= 10.0
+
+
+def test_rounds_table_keeps_columns_that_appear_only_on_evaluated_rounds(tmp_path):
+    import pyarrow.parquet as pq
+
+    config = small_config(experiment__algorithm={"rounds": 4, "eval_every": 2})
+    exp = build_experiment(config)
+    (tmp_path / "run").mkdir()
+
+    run_experiment(exp, tmp_path / "run")
+
+    table = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pydict()
+    assert table["round"] == [1, 2, 3, 4]
+    for column in ("client_accuracy_mean", "fair_psi", "fair_acc_worst", "fair_acc_worst10"):
+        values = table[column]
+        assert values[0] is None and values[2] is None  # rounds 1 and 3 were not evaluated
+        assert values[1] is not None and values[3] is not None
