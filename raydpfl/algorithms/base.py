@@ -282,6 +282,12 @@ class Algorithm(abc.ABC):
         """Names of information this algorithm releases without privacy accounting."""
         return []
 
+    def evaluation_model_keys(self, num_clients: int) -> list[str] | None:
+        """Multi-model algorithms: the `ClientTask.model_key` of the model that scores
+        each client's test split now (the server's params then hold every model under
+        ``"{model_key}/{name}"``). None (default): one global model, unprefixed names."""
+        return None
+
     # ---- client half -------------------------------------------------------------
     @abc.abstractmethod
     def local_update(

@@ -33,9 +33,11 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
+    WeightedUpdateSum,
     parameter_delta,
     uniform_cohort,
 )
+from raydpfl.privacy import multi_client
 from raydpfl.privacy.dpsgd import dp_sgd_gradient, poisson_sample
 from raydpfl.privacy.ledger import PrivacyCost
 
@@ -104,6 +106,107 @@ class DPFedAvg(Algorithm):
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
         return dp_sgd_local_update(ctx, params, data, task)
+
+    # ---- several clients at once (vectorised over clients) ------------------------
+    def supports_group(self, tasks: Sequence[ClientTask]) -> bool:
+        """Whether `local_update_group` can train `tasks` together, vectorised.
+
+        True when this class still uses DP-FedAvg's own client half (a subclass that
+        overrides `local_update` keeps the one-at-a-time path), and every task is a
+        training task from the single global model, with no payload, the same τ, η, q,
+        C and σ, and a non-empty client (the sequential path rejects q·|D_i| = 0 too).
+        """
+        if type(self).local_update is not DPFedAvg.local_update or not tasks:
+            return False
+        first = tasks[0]
+        if first.sampling_rate is None or first.clip_norm is None:
+            return False
+        key = _group_key(first)
+        return all(
+            t.kind == "train"
+            and t.model_key == "global"
+            and t.payload is None
+            and _group_key(t) == key
+            for t in tasks
+        )
+
+    def local_update_group(
+        self,
+        ctxs: Sequence[ClientContext],
+        params: Params,
+        datas: Sequence[ClientData],
+        tasks: Sequence[ClientTask],
+    ) -> list[ClientResult]:
+        """`local_update` for every task, all clients trained at once from `params`.
+
+        `ctxs[k]` carries client k's own generator (advanced exactly as `local_update`
+        would advance it); `params` is the shared broadcast start and is not modified.
+        Results equal one-at-a-time `local_update` calls up to float error (see
+        `raydpfl.privacy.multi_client`). Groups that `supports_group` rejects run one
+        at a time, each from a fresh copy of `params`.
+        """
+        if not (len(ctxs) == len(datas) == len(tasks)):
+            raise ValueError(f"{len(ctxs)} contexts, {len(datas)} datasets, {len(tasks)} tasks")
+        if not self.supports_group(tasks):
+            return [
+                self.local_update(ctx, {n: p.clone() for n, p in params.items()}, data, task)
+                for ctx, data, task in zip(ctxs, datas, tasks, strict=True)
+            ]
+        out = self._train_group(ctxs, params, datas, tasks)
+        return [
+            ClientResult(
+                client_id=task.client_id,
+                update=out.update(k),
+                weight=float(data.num_examples),
+                num_examples=data.num_examples,
+                metrics=out.metrics(k),
+            )
+            for k, (data, task) in enumerate(zip(datas, tasks, strict=True))
+        ]
+
+    def local_update_group_sum(
+        self,
+        ctxs: Sequence[ClientContext],
+        params: Params,
+        datas: Sequence[ClientData],
+        tasks: Sequence[ClientTask],
+    ) -> WeightedUpdateSum:
+        """The group's Σ |D_k| Δ_k as `ClientWorker.run_groups` builds it: the clients'
+        results added in task order, so it matches the sequential partial sum."""
+        acc = WeightedUpdateSum()
+        for r in self.local_update_group(ctxs, params, datas, tasks):
+            acc.add(r.update, r.weight, r.metrics)
+        return acc
+
+    def _train_group(
+        self,
+        ctxs: Sequence[ClientContext],
+        params: Params,
+        datas: Sequence[ClientData],
+        tasks: Sequence[ClientTask],
+    ) -> multi_client.MultiClientResult:
+        first = tasks[0]
+        assert first.sampling_rate is not None and first.clip_norm is not None
+        data0 = datas[0]
+        if any(d.x is not data0.x or d.y is not data0.y for d in datas):
+            raise ValueError("a vectorised group must share one resident data pool")
+        return multi_client.for_model(ctxs[0].model).run(
+            params,
+            data0.x,
+            data0.y,
+            [d.indices for d in datas],
+            [c.generator for c in ctxs],
+            local_steps=first.local_steps,
+            lr=first.lr,
+            sampling_rate=first.sampling_rate,
+            clip_norm=first.clip_norm,
+            noise_multiplier=first.noise_multiplier,
+        )
+
+
+def _group_key(task: ClientTask) -> tuple:
+    """The hyperparameters every client of a vectorised group must share."""
+    return (task.local_steps, task.lr, task.sampling_rate, task.clip_norm, task.noise_multiplier)
 
 
 def dp_sgd_local_update(

@@ -51,9 +51,16 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def evaluate_clients(
-        self, params: Mapping[str, torch.Tensor], client_ids: Sequence[int]
+        self,
+        params: Mapping[str, torch.Tensor],
+        client_ids: Sequence[int],
+        model_keys: Sequence[str] | None = None,
     ) -> list[EvalResult]:
-        """Evaluates `params` on each client's test split; in the order of `client_ids`."""
+        """Evaluates `params` on each client's test split; in the order of `client_ids`.
+
+        `model_keys[k]` names the model of a multi-model `params` that scores client
+        `client_ids[k]` (see `raydpfl.algorithms.multi_model`); None: one model.
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Releases what the backend created."""

@@ -42,9 +42,12 @@ class LocalBackend(Backend):
             return self.worker.run_groups(global_params, groups)
 
     def evaluate_clients(
-        self, params: Mapping[str, torch.Tensor], client_ids: Sequence[int]
+        self,
+        params: Mapping[str, torch.Tensor],
+        client_ids: Sequence[int],
+        model_keys: Sequence[str] | None = None,
     ) -> list[EvalResult]:
-        return self.worker.evaluate_clients(params, client_ids)
+        return self.worker.evaluate_clients(params, client_ids, model_keys)
 
 
 @contextlib.contextmanager

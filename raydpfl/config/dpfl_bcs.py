@@ -3,22 +3,110 @@
 `NAMES` are the algorithm names this section serves; `MODEL_NAMES` and
 `DATASET_NAMES` the models and datasets it adds to `experiment.model.name` and
 `experiment.data.dataset`. The options live under `experiment.algorithm.dpfl_bcs`.
+
+Algorithms: ``dpfl_bcs`` (biased selection), ``bcs_fedsgd`` (no DP), ``bcs_dpsgd``
+(Gaussian, uniform), ``bcs_dmldp`` (Laplace, uniform), ``bcs_weiavg`` and ``bcs_pfa``
+(uniform, ε-weighted / projected aggregation). They read `experiment.algorithm.rounds`
+(T), `clients_per_round` (K), `lr` (η0) and `experiment.privacy.clip_norm` (B); the
+per-client budgets come from this section, not from `experiment.privacy.epsilon/delta`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
-from raydpfl.config._base import _check  # noqa: F401  (used by the section's checks)
+from raydpfl.config._base import _check
 
-NAMES: tuple[str, ...] = ()
-MODEL_NAMES: tuple[str, ...] = ()
+NAMES: tuple[str, ...] = (
+    "dpfl_bcs",
+    "bcs_fedsgd",
+    "bcs_dpsgd",
+    "bcs_dmldp",
+    "bcs_weiavg",
+    "bcs_pfa",
+)
+MODEL_NAMES: tuple[str, ...] = (
+    "bcs_mnist_cnn",
+    "bcs_lenet5",
+    "bcs_femnist_cnn",
+    "bcs_resnet20",
+    "bcs_linear",
+)
 DATASET_NAMES: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
 class DpflBcsConfig:
-    """DPFL-BCS options (`experiment.algorithm.dpfl_bcs`)."""
+    """DPFL-BCS options (`experiment.algorithm.dpfl_bcs`); defaults are the spec's [REC]s."""
+
+    # Noise mechanism of dpfl_bcs, bcs_weiavg and bcs_pfa (bcs_dpsgd: gaussian only,
+    # bcs_dmldp: laplace only; bcs_fedsgd ignores it).
+    mechanism: Literal["gaussian", "laplace"] = "gaussian"
+    # Gaussian calibration (§4.4): zcdp (sound, z = 1), paper_alg2 (literal Algorithm 2),
+    # thm2_c2 (literal Lemma 1 with c2; the ledger decides what it costs).
+    gm_calibration: Literal["zcdp", "paper_alg2", "thm2_c2"] = "zcdp"
+    c2: float = math.sqrt(2.0)
+    z_override: float | None = None  # P1's exponent z; null = the mechanism's (GM 1, LM 2)
+    stage1_rounds: int = 10  # T0
+    lr_decay_tau: float = 200.0  # η_t = lr/(1 + t/τ), t = 1..T
+    loss_bound: float | None = None  # Θ; null = ln(number of classes)
+    # Per-client budgets: drawn ε_n ~ U[epsilon_min, epsilon_max], δ_n ~ U[delta_min,
+    # delta_max] (δ_n = 0 under Laplace) on a stream derived from the run seed ...
+    epsilon_min: float = 0.5
+    epsilon_max: float = 4.0
+    delta_min: float = 1e-5
+    delta_max: float = 1e-4
+    budget_seed: int | None = None  # null: derived from runtime.seed
+    # ... or given: "eps:delta,eps:delta,..." (one per client, ":delta" optional under
+    # Laplace) or a path to a text file with one "eps [delta]" line per client.
+    budgets: str | None = None
+    # P1's constants (§9.5): estimate (P2), table3 (the paper's Table III row of
+    # table3_dataset or the experiment's dataset), or fixed (the fixed_* values).
+    constants: Literal["estimate", "table3", "fixed"] = "estimate"
+    table3_dataset: str | None = None
+    fixed_smoothness: float = 1.0
+    fixed_strong_convexity: float = 0.5
+    fixed_lr_offset: float = 16.0
+    sampler: Literal["systematic", "choice"] = "systematic"
+    weight_decay: float = 0.0  # server-side, ŵ ← ŵ − η_t·λ·ŵ (§11.5 [REC]: 2e-4)
+    # Server momentum β on the aggregated (noisy) update; post-processing (§11.5 [REC]).
+    # Runs with β > 0 cannot be resumed from a checkpoint.
+    server_momentum: float = 0.0
+    # Ledger accountant; null = experiment.privacy.accountant. zcdp is the calibration's own.
+    accountant: Literal["zcdp", "rdp", "dp_rdp", "pld", "prv"] | None = "zcdp"
+    pfa_public_fraction: float = 0.5  # PFA: share of clients (largest ε) treated as public
+    pfa_rank: int = 1  # PFA: projection dimension k
 
     def __post_init__(self) -> None:
-        pass
+        _check(self.c2 > 0, "c2", f"must be > 0, got {self.c2}")
+        _check(self.z_override is None or self.z_override > 0, "z_override", "must be null or > 0")
+        _check(self.stage1_rounds >= 2, "stage1_rounds", "must be >= 2 (Eq. 9 uses T0 - 1)")
+        _check(self.lr_decay_tau > 0, "lr_decay_tau", f"must be > 0, got {self.lr_decay_tau}")
+        _check(self.loss_bound is None or self.loss_bound > 0, "loss_bound", "must be null or > 0")
+        _check(self.epsilon_min > 0, "epsilon_min", f"must be > 0, got {self.epsilon_min}")
+        _check(
+            self.epsilon_max >= self.epsilon_min,
+            "epsilon_max",
+            f"must be >= epsilon_min ({self.epsilon_min}), got {self.epsilon_max}",
+        )
+        _check(0 < self.delta_min < 1, "delta_min", f"must be in (0, 1), got {self.delta_min}")
+        _check(
+            self.delta_min <= self.delta_max < 1,
+            "delta_max",
+            f"must be in [delta_min, 1), got {self.delta_max}",
+        )
+        _check(self.budget_seed is None or self.budget_seed >= 0, "budget_seed", "must be >= 0")
+        _check(self.budgets is None or bool(self.budgets.strip()), "budgets", "must be non-empty")
+        _check(self.fixed_smoothness > 0, "fixed_smoothness", "must be > 0")
+        _check(
+            0 < self.fixed_strong_convexity < self.fixed_smoothness,
+            "fixed_strong_convexity",
+            "must be in (0, fixed_smoothness)",
+        )
+        _check(self.fixed_lr_offset >= 0, "fixed_lr_offset", "must be >= 0")
+        _check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        _check(0 <= self.server_momentum < 1, "server_momentum", "must be in [0, 1)")
+        _check(0 < self.pfa_public_fraction <= 1, "pfa_public_fraction", "must be in (0, 1]")
+        _check(self.pfa_rank >= 1, "pfa_rank", "must be >= 1")

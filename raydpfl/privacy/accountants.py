@@ -47,18 +47,24 @@ import numpy as np
 
 __all__ = [
     "ACCOUNTANTS",
+    "LEDGER_ACCOUNTANTS",
     "OPACUS_DEFAULT_ALPHAS",
     "PRV_MAX_DOMAIN_POINTS",
     "PRV_MAX_LOSS",
+    "ExtendedEntry",
     "HistoryEntry",
     "cache_info",
     "clear_cache",
     "compute_epsilon",
+    "compute_epsilon_extended",
     "describe_accountant",
+    "laplace_rdp",
     "merge_history",
+    "normalize_extended_history",
     "normalize_history",
     "validate_accountant",
     "validate_delta",
+    "validate_ledger_accountant",
 ]
 
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv", "dp_rdp", "pld")
@@ -198,6 +204,8 @@ def describe_accountant(name: str) -> str:
     Raises:
         ValueError: If ``name`` is unknown.
     """
+    if name == "zcdp":
+        return ZCDP_DESCRIPTION
     validate_accountant(name)
     if name == "rdp":
         a = _opacus_alphas()
@@ -437,5 +445,193 @@ def cache_info() -> functools._CacheInfo:
 def clear_cache() -> None:
     """Clears all memoisation caches of this module."""
     _compute_epsilon_cached.cache_clear()
+    _extended_cached.cache_clear()
     _opacus_rdp_per_step.cache_clear()
     _dp_rdp_per_step.cache_clear()
+
+
+# --------------------------------------------------------------------------- #
+# Beyond the subsampled Gaussian (DPFL-BCS, issue 6): Laplace releases, releases
+# declared (epsilon, delta)-DP, and a zCDP accountant. Gaussian histories keep the
+# exact code path above, so existing results are unchanged.
+# --------------------------------------------------------------------------- #
+#: Accountants a ledger accepts: the four above plus ``"zcdp"``.
+LEDGER_ACCOUNTANTS: tuple[str, ...] = (*ACCOUNTANTS, "zcdp")
+
+ZCDP_DESCRIPTION = (
+    "zCDP (Bun & Steinke 2016): full-batch Gaussian rho = 1/(2 sigma^2) per step, Laplace "
+    "rho = eps^2/2 per release; rho adds; eps = rho + 2 sqrt(rho ln(1/delta))"
+)
+
+ExtendedEntry = tuple[Any, ...]
+"""A history entry: ``(sigma, q, steps)`` (subsampled Gaussian, as above),
+``("laplace", scale_over_l1_sensitivity, steps)`` (pure ``1/scale``-DP per step) or
+``("approx_dp", epsilon, delta, steps)`` (a release declared ``(epsilon, delta)``-DP per step,
+e.g. a Gaussian calibrated by a closed form; composed by basic composition)."""
+
+
+def validate_ledger_accountant(accountant: str) -> str:
+    """Returns ``accountant`` if it is one of :data:`LEDGER_ACCOUNTANTS`.
+
+    Raises:
+        ValueError: If ``accountant`` is unknown.
+    """
+    if not isinstance(accountant, str) or accountant not in LEDGER_ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {LEDGER_ACCOUNTANTS}, got {accountant!r}")
+    return accountant
+
+
+def _validate_extended_entry(entry: object, where: str) -> ExtendedEntry:
+    if isinstance(entry, tuple | list) and entry and isinstance(entry[0], str):
+        kind = entry[0]
+        if kind == "laplace" and len(entry) == 3:
+            _, scale, steps = entry
+            if not _is_real(scale) or not math.isfinite(float(scale)) or float(scale) < 0.0:
+                raise ValueError(f"{where}: Laplace scale must be a finite real >= 0")
+            if not _is_int(steps) or int(steps) < 0:
+                raise ValueError(f"{where}: steps must be an int >= 0, got {steps!r}")
+            return ("laplace", float(scale), int(steps))
+        if kind == "approx_dp" and len(entry) == 4:
+            _, eps, delta, steps = entry
+            if not _is_real(eps) or not math.isfinite(float(eps)) or float(eps) < 0.0:
+                raise ValueError(f"{where}: epsilon must be a finite real >= 0")
+            if not _is_real(delta) or not 0.0 <= float(delta) < 1.0:
+                raise ValueError(f"{where}: delta must be a real in [0, 1)")
+            if not _is_int(steps) or int(steps) < 0:
+                raise ValueError(f"{where}: steps must be an int >= 0, got {steps!r}")
+            return ("approx_dp", float(eps), float(delta), int(steps))
+        raise ValueError(f"{where}: unknown history entry {entry!r}")
+    return _validate_entry(entry, where)
+
+
+def normalize_extended_history(history: Iterable[Sequence[Any]]) -> tuple[ExtendedEntry, ...]:
+    """Validates an extended history; merges consecutive equal entries (summing steps) and
+    drops entries that touch no record (``steps == 0``, or ``q == 0`` for the Gaussian)."""
+    if isinstance(history, (str, bytes)) or not isinstance(history, Iterable):
+        raise ValueError(f"history must be an iterable of entries, got {type(history).__name__}")
+    merged: list[ExtendedEntry] = []
+    for i, e in enumerate(history):
+        entry = _validate_extended_entry(e, f"history[{i}]")
+        if entry[-1] == 0 or (not isinstance(entry[0], str) and entry[1] == 0.0):
+            continue
+        if merged and merged[-1][:-1] == entry[:-1]:
+            merged[-1] = (*entry[:-1], merged[-1][-1] + entry[-1])
+        else:
+            merged.append(entry)
+    return tuple(merged)
+
+
+def laplace_rdp(scale: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP of one Laplace release with scale ``b`` (L1 sensitivity 1) at orders ``alpha > 1``.
+
+    Mironov (2017), Prop. 6: ``eps(alpha) = log(alpha/(2alpha-1) e^{(alpha-1)/b} +
+    (alpha-1)/(2alpha-1) e^{-alpha/b}) / (alpha-1)``, evaluated in log space.
+    """
+    a = np.asarray(orders, dtype=np.float64)
+    if np.any(a <= 1):
+        raise ValueError("orders must be > 1")
+    if scale <= 0:
+        return np.full(a.shape, np.inf)
+    terms = np.stack(
+        [np.log(a / (2 * a - 1)) + (a - 1) / scale, np.log((a - 1) / (2 * a - 1)) - a / scale]
+    )
+    return np.logaddexp(terms[0], terms[1]) / (a - 1)
+
+
+def _zcdp_rho(gauss: Sequence[HistoryEntry], lap: Sequence[tuple[float, int]]) -> float:
+    rho = 0.0
+    for sigma, q, n in gauss:
+        if q != 1.0:
+            raise ValueError(
+                "the zcdp accountant has no subsampling amplification: it accounts only "
+                f"full-batch Gaussian steps (sampling_rate 1), got sampling_rate {q}"
+            )
+        rho += n / (2.0 * sigma**2)
+    for scale, n in lap:
+        rho += n * 0.5 / scale**2  # pure eps-DP implies eps^2/2-zCDP (Bun & Steinke, Prop 1.4)
+    return rho
+
+
+def _mixed_epsilon(
+    gauss: tuple[HistoryEntry, ...], lap: tuple[tuple[float, int], ...], delta: float, acc: str
+) -> float:
+    """Epsilon at ``delta > 0`` of Gaussian steps composed with Laplace releases."""
+    if acc == "zcdp":
+        rho = _zcdp_rho(gauss, lap)
+        return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    if not lap:
+        return _compute_epsilon_cached(gauss, delta, acc)
+    if acc == "rdp":
+        alphas = _opacus_alphas()
+        vec = np.zeros(len(alphas), dtype=np.float64)
+        if gauss:
+            vec = vec + _opacus_rdp_total(gauss)
+        for scale, n in lap:
+            vec = vec + n * laplace_rdp(scale, alphas)
+        return _opacus_eps_from_rdp(vec, delta)
+    if acc in ("dp_rdp", "pld"):
+        import dp_accounting
+        from dp_accounting import pld
+        from dp_accounting.rdp import RdpAccountant
+
+        accountant = RdpAccountant() if acc == "dp_rdp" else pld.PLDAccountant()
+        for sigma, q, n in gauss:
+            accountant.compose(_event(sigma, q), n)
+        for scale, n in lap:
+            accountant.compose(dp_accounting.LaplaceDpEvent(scale), n)
+        return float(accountant.get_epsilon(delta))
+    raise ValueError(
+        f"the {acc!r} accountant cannot account the Laplace mechanism; use rdp, dp_rdp, pld "
+        "or zcdp"
+    )
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _extended_cached(history: tuple[ExtendedEntry, ...], delta: float, accountant: str) -> float:
+    gauss = tuple(e for e in history if not isinstance(e[0], str))
+    lap = tuple((e[1], e[2]) for e in history if e[0] == "laplace")
+    eps_declared = sum(e[1] * e[3] for e in history if e[0] == "approx_dp")
+    delta_declared = sum(e[2] * e[3] for e in history if e[0] == "approx_dp")
+    if not history:
+        return 0.0
+    if accountant == "prv" and lap:
+        _mixed_epsilon(gauss, lap, 0.5, accountant)  # raises the clear error
+    if any(s == 0.0 for s, _, _ in gauss) or any(b == 0.0 for b, _ in lap):
+        return math.inf
+    if delta_declared > delta:
+        return math.inf  # basic composition cannot certify this delta
+    rest = delta - delta_declared
+    # Pure epsilon of the Laplace releases by basic composition (delta 0): always valid.
+    pure = sum(n / b for b, n in lap) if not gauss else math.inf
+    if not gauss and not lap:
+        composed = 0.0
+    elif rest <= 0.0:
+        composed = pure
+    else:
+        acc = _mixed_epsilon(gauss, lap, rest, accountant)
+        composed = min(math.inf if math.isnan(acc) else max(0.0, acc), pure)
+    return composed + eps_declared
+
+
+def compute_epsilon_extended(
+    history: Iterable[Sequence[Any]], delta: float, accountant: str = "rdp"
+) -> float:
+    """Epsilon at ``delta`` of a composition that may mix Gaussian, Laplace and declared
+    ``(epsilon, delta)`` releases (entries: see :data:`ExtendedEntry`).
+
+    The declared releases are composed by basic composition (their epsilons and deltas add)
+    and then with the rest by basic composition again: the Gaussian and Laplace steps are
+    accounted by ``accountant`` at the remaining ``delta - sum(declared deltas)``. A Laplace-
+    only history returns ``min(accountant, sum of 1/scale)`` (both valid; the second is the
+    pure-DP basic composition, also the answer at ``delta == 0``). A purely Gaussian history
+    gives exactly :func:`compute_epsilon`. Unlike it, ``delta`` may be 0 (pure-DP clients).
+
+    Raises:
+        ValueError: On a malformed history, a ``delta`` outside [0, 1), an unknown
+            accountant, a Laplace entry for ``"prv"`` (opacus' PRV has no Laplace), or a
+            subsampled Gaussian for ``"zcdp"`` (no amplification there).
+    """
+    validate_ledger_accountant(accountant)
+    if not _is_real(delta) or not 0.0 <= float(delta) < 1.0:
+        raise ValueError(f"delta must be a real number in [0, 1), got {delta!r}")
+    return _extended_cached(normalize_extended_history(history), float(delta), accountant)

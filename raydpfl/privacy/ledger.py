@@ -11,6 +11,16 @@ computed by :func:`raydpfl.privacy.accountants.compute_epsilon`.
 Epsilon queries are cheap when many units share a history: the accountants
 memoise on the (merged) history, and the ledger caches each unit's current
 epsilon, invalidated on charge. This module imports neither torch nor ray.
+
+Heterogeneous budgets and more mechanisms (DPFL-BCS, issue 6): ``client_budgets`` gives
+listed clients their own ``(epsilon_n, delta_n)`` (``delta_n`` may be 0 for pure-DP
+clients); their epsilon is computed at their own ``delta_n`` and checked against their own
+``epsilon_n``. Besides the subsampled Gaussian, a charge may be a ``"laplace"`` release
+(noise scale / L1 sensitivity in ``noise_multiplier``; pure ``1/noise_multiplier``-DP per
+step) or an ``"approx_dp"`` release declared ``(epsilon, delta)``-DP per step (e.g. a Gaussian
+calibrated by a closed form), composed by basic composition; see
+:func:`raydpfl.privacy.accountants.compute_epsilon_extended`. Ledgers without these features
+serialise and hash exactly as before.
 """
 
 from __future__ import annotations
@@ -27,30 +37,35 @@ from typing import Any
 import numpy as np
 
 from raydpfl.privacy.accountants import (
-    HistoryEntry,
-    compute_epsilon,
+    ExtendedEntry,
+    compute_epsilon_extended,
     describe_accountant,
-    validate_accountant,
     validate_delta,
+    validate_ledger_accountant,
 )
 
 __all__ = ["MECHANISMS", "BudgetExceededError", "PrivacyCost", "PrivacyLedger"]
 
 #: Mechanisms a :class:`PrivacyCost` may describe.
-MECHANISMS: tuple[str, ...] = ("subsampled_gaussian",)
+MECHANISMS: tuple[str, ...] = ("subsampled_gaussian", "laplace", "approx_dp")
 
 _FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
 class PrivacyCost:
-    """One charge: ``steps`` compositions of the Poisson-subsampled Gaussian mechanism.
+    """One charge: ``steps`` compositions of one mechanism.
 
     Attributes:
-        noise_multiplier: ``sigma >= 0`` (finite); noise std is ``sigma * C``.
-        sampling_rate: Poisson sampling probability ``q in [0, 1]``.
+        noise_multiplier: ``sigma >= 0`` (finite); noise std is ``sigma * C``. For
+            ``"laplace"``: the noise scale over the L1 sensitivity (``1/epsilon`` per step);
+            for ``"approx_dp"``: informational (the noise std over the L2 sensitivity).
+        sampling_rate: Poisson sampling probability ``q in [0, 1]``; must be 1 for
+            ``"laplace"`` and ``"approx_dp"`` (full-batch releases, no amplification).
         steps: Number of composed steps ``T >= 0`` (int).
-        mechanism: Only ``"subsampled_gaussian"`` is supported.
+        mechanism: ``"subsampled_gaussian"`` (default), ``"laplace"`` or ``"approx_dp"``.
+        epsilon, delta: The per-step guarantee of an ``"approx_dp"`` release (required
+            there, ``None`` otherwise); ``delta in [0, 1)``.
 
     Raises:
         ValueError: On invalid fields (values are coerced to float/float/int).
@@ -60,6 +75,8 @@ class PrivacyCost:
     sampling_rate: float
     steps: int
     mechanism: str = "subsampled_gaussian"
+    epsilon: float | None = None
+    delta: float | None = None
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -79,19 +96,51 @@ class PrivacyCost:
         object.__setattr__(self, "noise_multiplier", float(sigma))
         object.__setattr__(self, "sampling_rate", float(q))
         object.__setattr__(self, "steps", int(steps))
+        if self.mechanism != "subsampled_gaussian" and float(q) != 1.0:
+            raise ValueError(
+                f"mechanism {self.mechanism!r} is a full-batch release: sampling_rate must "
+                f"be 1 (no amplification), got {q!r}"
+            )
+        if self.mechanism == "approx_dp":
+            eps, delta = self.epsilon, self.delta
+            if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+                raise ValueError(f"approx_dp needs a real epsilon, got {eps!r}")
+            if not math.isfinite(float(eps)) or float(eps) < 0.0:
+                raise ValueError(f"epsilon must be a finite real >= 0, got {eps!r}")
+            if not isinstance(delta, numbers.Real) or not 0.0 <= float(delta) < 1.0:
+                raise ValueError(f"delta must be a real in [0, 1), got {delta!r}")
+            object.__setattr__(self, "epsilon", float(eps))
+            object.__setattr__(self, "delta", float(delta))
+        elif self.epsilon is not None or self.delta is not None:
+            raise ValueError(
+                f"epsilon/delta are declared only for approx_dp, not {self.mechanism}"
+            )
 
-    def as_triple(self) -> HistoryEntry:
-        """Returns ``(noise_multiplier, sampling_rate, steps)``."""
+    def as_triple(self) -> tuple[float, float, int]:
+        """Returns ``(noise_multiplier, sampling_rate, steps)`` (subsampled Gaussian only)."""
+        if self.mechanism != "subsampled_gaussian":
+            raise ValueError(f"a {self.mechanism} charge has no Gaussian triple")
+        return (self.noise_multiplier, self.sampling_rate, self.steps)
+
+    def history_entry(self) -> ExtendedEntry:
+        """The accountants' entry (see :data:`raydpfl.privacy.accountants.ExtendedEntry`)."""
+        if self.mechanism == "laplace":
+            return ("laplace", self.noise_multiplier, self.steps)
+        if self.mechanism == "approx_dp":
+            return ("approx_dp", self.epsilon, self.delta, self.steps)
         return (self.noise_multiplier, self.sampling_rate, self.steps)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict of the fields."""
-        return {
+        """JSON-safe dict of the fields (``epsilon``/``delta`` only for approx_dp)."""
+        out: dict[str, Any] = {
             "noise_multiplier": self.noise_multiplier,
             "sampling_rate": self.sampling_rate,
             "steps": self.steps,
             "mechanism": self.mechanism,
         }
+        if self.mechanism == "approx_dp":
+            out.update(epsilon=self.epsilon, delta=self.delta)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PrivacyCost:
@@ -101,6 +150,8 @@ class PrivacyCost:
             sampling_rate=d["sampling_rate"],
             steps=d["steps"],
             mechanism=d.get("mechanism", "subsampled_gaussian"),
+            epsilon=d.get("epsilon"),
+            delta=d.get("delta"),
         )
 
 
@@ -124,34 +175,54 @@ class PrivacyLedger:
     """Append-only record of privacy charges per client, with an optional budget.
 
     A charge is refused (``BudgetExceededError``, nothing recorded) iff the
-    client's epsilon after it would exceed ``epsilon_budget``:
-    ``eps(history + [cost]) > epsilon_budget``.
+    client's epsilon after it would exceed the client's budget:
+    ``eps(history + [cost]) > epsilon_budget`` (or ``> epsilon_n`` for a client
+    listed in ``client_budgets``, with its epsilon computed at its own ``delta_n``).
 
     Args:
-        accountant: One of :data:`raydpfl.privacy.accountants.ACCOUNTANTS`.
-        delta: Per-client target delta in (0, 1).
+        accountant: One of :data:`raydpfl.privacy.accountants.LEDGER_ACCOUNTANTS`.
+        delta: Per-client target delta in (0, 1) (clients not in ``client_budgets``).
         epsilon_budget: Per-client epsilon budget (finite, > 0), or ``None``
-            to record without enforcing.
+            to record without enforcing (clients not in ``client_budgets``).
+        client_budgets: Optional ``{client_id: (epsilon_n, delta_n)}``: heterogeneous
+            budgets, ``epsilon_n`` finite > 0 and ``delta_n`` in [0, 1) (0 = pure DP).
 
     Raises:
         ValueError: On invalid arguments.
     """
 
-    def __init__(self, accountant: str, delta: float, epsilon_budget: float | None) -> None:
-        self._accountant = validate_accountant(accountant)
+    def __init__(
+        self,
+        accountant: str,
+        delta: float,
+        epsilon_budget: float | None,
+        client_budgets: Mapping[int, tuple[float, float]] | None = None,
+    ) -> None:
+        self._accountant = validate_ledger_accountant(accountant)
         self._delta = validate_delta(delta)
-        if epsilon_budget is not None and (
-            not isinstance(epsilon_budget, numbers.Real)
-            or isinstance(epsilon_budget, bool)
-            or not math.isfinite(float(epsilon_budget))
-            or float(epsilon_budget) <= 0.0
-        ):
+        if epsilon_budget is not None and not _is_budget(epsilon_budget):
             raise ValueError(
                 f"epsilon_budget must be None or a finite real > 0, got {epsilon_budget!r}"
             )
         self._budget = None if epsilon_budget is None else float(epsilon_budget)
+        self._client_budgets: dict[int, tuple[float, float]] = {}
+        for cid, pair in (client_budgets or {}).items():
+            cid = _check_client_id(cid)
+            try:
+                eps_n, delta_n = pair
+            except (TypeError, ValueError):
+                raise ValueError(f"client_budgets[{cid}] must be (epsilon, delta)") from None
+            if not _is_budget(eps_n):
+                raise ValueError(f"client {cid}: epsilon must be a finite real > 0, got {eps_n!r}")
+            if (
+                not isinstance(delta_n, numbers.Real)
+                or isinstance(delta_n, bool)
+                or not 0.0 <= float(delta_n) < 1.0
+            ):
+                raise ValueError(f"client {cid}: delta must be a real in [0, 1), got {delta_n!r}")
+            self._client_budgets[cid] = (float(eps_n), float(delta_n))
         self._history: dict[int, list[PrivacyCost]] = {}
-        self._triples: dict[int, tuple[HistoryEntry, ...]] = {}
+        self._entries_of: dict[int, tuple[ExtendedEntry, ...]] = {}
         self._steps: dict[int, int] = {}
         self._eps: dict[int, float] = {}
         self._num_charges = 0
@@ -164,30 +235,48 @@ class PrivacyLedger:
 
     @property
     def delta(self) -> float:
-        """Per-client delta."""
+        """Per-client delta (of clients without their own budget)."""
         return self._delta
 
     @property
     def epsilon_budget(self) -> float | None:
-        """Per-client epsilon budget, or ``None`` (no enforcement)."""
+        """Per-client epsilon budget, or ``None`` (no enforcement), of clients without
+        their own budget."""
         return self._budget
+
+    @property
+    def client_budgets(self) -> dict[int, tuple[float, float]]:
+        """The heterogeneous ``{client_id: (epsilon_n, delta_n)}`` (a copy; may be empty)."""
+        return dict(self._client_budgets)
 
     @property
     def num_charges(self) -> int:
         """Number of successful charges recorded (all clients)."""
         return self._num_charges
 
+    def delta_of(self, client_id: int) -> float:
+        """The delta at which ``client_id``'s epsilon is computed (its own delta_n if set)."""
+        cid = _check_client_id(client_id)
+        own = self._client_budgets.get(cid)
+        return self._delta if own is None else own[1]
+
+    def budget_of(self, client_id: int) -> float | None:
+        """``client_id``'s epsilon budget (its own epsilon_n if set; None: not enforced)."""
+        cid = _check_client_id(client_id)
+        own = self._client_budgets.get(cid)
+        return self._budget if own is None else own[0]
+
     # ---------------------------------------------------------------- queries
-    def _eps_of(self, triples: tuple[HistoryEntry, ...]) -> float:
-        return compute_epsilon(triples, self._delta, self._accountant)
+    def _eps_of(self, cid: int, entries: tuple[ExtendedEntry, ...]) -> float:
+        return compute_epsilon_extended(entries, self.delta_of(cid), self._accountant)
 
     def epsilon(self, client_id: int) -> float:
-        """Current epsilon of ``client_id`` (0.0 if never charged)."""
+        """Current epsilon of ``client_id`` at its delta (0.0 if never charged)."""
         cid = _check_client_id(client_id)
         eps = self._eps.get(cid)
         if eps is None:
-            eps = self._eps_of(self._triples.get(cid, ()))
-            if cid in self._triples:
+            eps = self._eps_of(cid, self._entries_of.get(cid, ()))
+            if cid in self._entries_of:
                 self._eps[cid] = eps
         return eps
 
@@ -195,15 +284,15 @@ class PrivacyLedger:
         """Epsilon ``client_id`` would have after ``cost``; records nothing."""
         cid = _check_client_id(client_id)
         cost = _check_cost(cost)
-        return self._eps_of((*self._triples.get(cid, ()), cost.as_triple()))
+        return self._eps_of(cid, (*self._entries_of.get(cid, ()), cost.history_entry()))
 
     def would_exceed(self, client_id: int, cost: PrivacyCost) -> bool:
-        """Whether charging ``cost`` would exceed the budget (False if no budget)."""
-        if self._budget is None:
-            _check_client_id(client_id)
+        """Whether charging ``cost`` would exceed the client's budget (False if none)."""
+        budget = self.budget_of(client_id)
+        if budget is None:
             _check_cost(cost)
             return False
-        return self.epsilon_after(client_id, cost) > self._budget
+        return self.epsilon_after(client_id, cost) > budget
 
     def steps(self, client_id: int) -> int:
         """Total number of steps charged to ``client_id`` (sum over charges)."""
@@ -235,13 +324,13 @@ class PrivacyLedger:
     # ---------------------------------------------------------------- updates
     def _record(self, cid: int, cost: PrivacyCost, eps: float | None) -> None:
         self._history.setdefault(cid, []).append(cost)
-        triples = self._triples.get(cid, ())
-        sigma, q, steps = cost.as_triple()
-        if triples and triples[-1][0] == sigma and triples[-1][1] == q:
-            triples = (*triples[:-1], (sigma, q, triples[-1][2] + steps))
+        entries = self._entries_of.get(cid, ())
+        entry = cost.history_entry()
+        if entries and entries[-1][:-1] == entry[:-1]:
+            entries = (*entries[:-1], (*entry[:-1], entries[-1][-1] + entry[-1]))
         else:
-            triples = (*triples, (sigma, q, steps))
-        self._triples[cid] = triples
+            entries = (*entries, entry)
+        self._entries_of[cid] = entries
         self._steps[cid] = self._steps.get(cid, 0) + cost.steps
         if eps is None:
             self._eps.pop(cid, None)
@@ -259,9 +348,10 @@ class PrivacyLedger:
         """
         cid = _check_client_id(client_id)
         eps_after = self.epsilon_after(cid, cost)
-        if self._budget is not None and eps_after > self._budget:
+        budget = self.budget_of(cid)
+        if budget is not None and eps_after > budget:
             raise BudgetExceededError(
-                f"client {cid}: epsilon would become {eps_after:.6g} > budget {self._budget:.6g}"
+                f"client {cid}: epsilon would become {eps_after:.6g} > budget {budget:.6g}"
             )
         self._record(cid, cost, eps_after)
         return eps_after
@@ -274,8 +364,12 @@ class PrivacyLedger:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe snapshot: settings plus every client's charges in order."""
-        return {
+        """JSON-safe snapshot: settings plus every client's charges in order.
+
+        ``client_budgets`` (a list of ``[client_id, epsilon, delta]``) is present only
+        when heterogeneous budgets were given, so older snapshots are unchanged.
+        """
+        out: dict[str, Any] = {
             "format_version": _FORMAT_VERSION,
             "accountant": self._accountant,
             "accountant_description": describe_accountant(self._accountant),
@@ -283,6 +377,11 @@ class PrivacyLedger:
             "epsilon_budget": self._budget,
             "clients": self._entries(),
         }
+        if self._client_budgets:
+            out["client_budgets"] = [
+                [cid, eps, delta] for cid, (eps, delta) in sorted(self._client_budgets.items())
+            ]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PrivacyLedger:
@@ -297,7 +396,8 @@ class PrivacyLedger:
             ValueError: If ``d`` is malformed.
         """
         try:
-            ledger = cls(d["accountant"], d["delta"], d["epsilon_budget"])
+            budgets = {int(c): (e, dl) for c, e, dl in d.get("client_budgets") or ()}
+            ledger = cls(d["accountant"], d["delta"], d["epsilon_budget"], budgets or None)
             clients = d["clients"]
             for item in clients:
                 cid = _check_client_id(item["client_id"])
@@ -316,8 +416,12 @@ class PrivacyLedger:
         return ledger
 
     def sha256(self) -> str:
-        """SHA-256 hex digest of the canonical JSON of all clients' charges."""
-        payload = json.dumps(self._entries(), sort_keys=True, separators=(",", ":"))
+        """SHA-256 hex digest of the canonical JSON of all clients' charges (and of the
+        heterogeneous budgets, when there are any)."""
+        data: Any = self._entries()
+        if self._client_budgets:
+            data = {"clients": data, "client_budgets": self.to_dict()["client_budgets"]}
+        payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
     def __repr__(self) -> str:
@@ -326,3 +430,12 @@ class PrivacyLedger:
             f"epsilon_budget={self._budget!r}, clients={len(self._history)}, "
             f"charges={self._num_charges})"
         )
+
+
+def _is_budget(value: object) -> bool:
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+        and float(value) > 0.0
+    )

@@ -117,7 +117,11 @@ def build_experiment(config: Config) -> Experiment:
         extra.append(
             "client_test_metrics (per-client test loss/accuracy on held-out client records)"
         )
-    if exp.data.dataset == "synthetic" or exp.data.pool == "all":
+    if (
+        exp.data.dataset == "synthetic"
+        or exp.data.pool == "all"
+        or exp.data.cluster_shift.kind != "none"
+    ):
         extra.append(
             "central_test_metrics (the central test set is the union of the clients' "
             "held-out records)"
@@ -390,7 +394,13 @@ def make_local_backend(exp: Experiment) -> Backend:
     `raydpfl.backends.ray`, started by `run_experiment`)."""
     rt = exp.config.runtime
     worker = ClientWorker(
-        exp.algorithm, exp.model_spec, exp.dataset, rt.seed, rt.device, rt.engine
+        exp.algorithm,
+        exp.model_spec,
+        exp.dataset,
+        rt.seed,
+        rt.device,
+        rt.engine,
+        rt.vectorise_clients,
     )
     return LocalBackend(worker, worker_threads(rt.cpus_per_worker))
 

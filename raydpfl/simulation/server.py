@@ -110,6 +110,7 @@ class Server:
         self._outputs_closed = False
         self.resumed_from: int | None = None
         self._logged: dict[int, list[list[Any]]] = {}  # charges of rounds being replayed
+        self._backend: Backend | None = None
 
     # ---- the round loop -----------------------------------------------------------
     def run(self, backend: Backend) -> dict[str, Any]:
@@ -127,6 +128,7 @@ class Server:
         t0 = time.perf_counter()
         if self._started is None:
             self._started = t0
+        self._backend = backend  # multi-model runs score their final models through it
         reason = self.algorithm.stop_reason()
         if reason is not None:
             self.stop_reason = reason
@@ -255,7 +257,10 @@ class Server:
         state, params = self.writer.read_checkpoint()
         if state.get("format") != 1:
             raise ValueError(f"unknown checkpoint format {state.get('format')!r}")
-        self.params = {n: params[n].to(self.params[n].device) for n in self.params}
+        # A multi-model algorithm's checkpoint may hold other (prefixed) names than the
+        # initial parameters: restore the saved dict as it is, on the server's device.
+        device = next(iter(self.params.values())).device
+        self.params = {n: t.to(device) for n, t in params.items()}
         self.rounds_completed = int(state["rounds_completed"])
         self.stop_reason = state["stop_reason"]
         self.rows = [_restore_nans(r) for r in state["rows"]]
@@ -306,12 +311,22 @@ class Server:
         last = round_idx + 1 == self.settings.rounds or self.algorithm.stop_reason() is not None
         if not (last or (round_idx + 1) % self.settings.eval_every == 0):
             return
-        central = self.test_set.evaluate(self.params)
-        row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
-        if not self.settings.evaluate_clients:
-            return
         ids = list(range(self.num_clients))
-        per_client = backend.evaluate_clients(self.params, ids)
+        keys = self.algorithm.evaluation_model_keys(self.num_clients)
+        if keys is None:
+            central = self.test_set.evaluate(self.params)
+            row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
+            if not self.settings.evaluate_clients:
+                return
+            per_client = backend.evaluate_clients(self.params, ids)
+        else:
+            # Several models: each client is scored with its own; the central figures are
+            # the example-weighted mean over the clients' test splits (`_pooled`).
+            per_client = backend.evaluate_clients(self.params, ids, keys)
+            central = _pooled(per_client)
+            row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
+            if not self.settings.evaluate_clients:
+                return
         eps = self._epsilons()
         if self.writer is not None:
             self.writer.add_clients(
@@ -350,7 +365,14 @@ class Server:
         (a run that stopped early, e.g. every client's budget spent)."""
         if not self.rows or np.isfinite(self.rows[-1]["test_accuracy"]):
             return
-        central = self.test_set.evaluate(self.params)
+        keys = self.algorithm.evaluation_model_keys(self.num_clients)
+        if keys is None:
+            central = self.test_set.evaluate(self.params)
+        elif self._backend is not None:
+            ids = list(range(self.num_clients))
+            central = _pooled(self._backend.evaluate_clients(self.params, ids, keys))
+        else:
+            return
         row = self.rows[-1]
         row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
         if self.writer is not None and not self._outputs_closed:
@@ -409,6 +431,16 @@ class Server:
 def _restore_nans(row: Mapping[str, Any]) -> dict[str, Any]:
     """JSON stores NaN as null; rows keep NaN for 'not evaluated' like a fresh run."""
     return {k: float("nan") if v is None else v for k, v in row.items()}
+
+
+def _pooled(per_client: Sequence[EvalResult]) -> EvalResult:
+    """The example-weighted mean of per-client results: the central test figures of a
+    multi-model run, where each client's test split is scored with its own model."""
+    return EvalResult(
+        loss_sum=float(sum(e.loss_sum for e in per_client)),
+        correct=int(sum(e.correct for e in per_client)),
+        num_examples=int(sum(e.num_examples for e in per_client)),
+    )
 
 
 def _mean_metrics(per_client: Sequence[Mapping[str, float]]) -> dict[str, float]:

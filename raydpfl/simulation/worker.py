@@ -24,8 +24,10 @@ from raydpfl.algorithms.base import (
     ClientTask,
     WeightedUpdateSum,
 )
+from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL, model_params
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.models import build_model
+from raydpfl.privacy import multi_client
 from raydpfl.privacy.dpsgd import make_engine
 from raydpfl.simulation.evaluation import EvalResult, evaluate
 from raydpfl.simulation.seeding import torch_generator
@@ -75,6 +77,10 @@ class ClientWorker:
         run_seed: The run's seed; each client's stream derives from it.
         device: ``cpu``, ``cuda`` or ``auto`` (resolved in this process).
         engine: Per-sample clipping engine: ``auto``, ``bookkeeping`` or ``vmap``.
+        vectorise: Train a group's clients simultaneously, vectorised over clients
+            (`raydpfl.privacy.multi_client`), where the algorithm supports it: ``auto``
+            (where it pays off: on a GPU, or small models on a CPU), ``on`` or ``off``.
+            Same results as one at a time up to float rounding.
     """
 
     def __init__(
@@ -85,8 +91,12 @@ class ClientWorker:
         run_seed: int,
         device: str = "cpu",
         engine: str = "auto",
+        vectorise: str = "auto",
     ) -> None:
+        if vectorise not in ("auto", "on", "off"):
+            raise ValueError(f"vectorise must be auto, on or off, got {vectorise!r}")
         self.algorithm = algorithm
+        self.vectorise = vectorise
         self.run_seed = run_seed
         self.device = resolve_device(device)
         self.model = model_spec.build().to(self.device)
@@ -98,17 +108,33 @@ class ClientWorker:
         self.client_train = [as_tensor(i, self.device) for i in dataset.client_train]
         self.client_test = [as_tensor(i, self.device) for i in dataset.client_test]
 
-    def load_params(self, params: Mapping[str, torch.Tensor]) -> None:
-        """Copies `params` into the resident parameter tensors (no allocation)."""
+    def load_params(
+        self, params: Mapping[str, torch.Tensor], model_key: str = GLOBAL_MODEL
+    ) -> None:
+        """Copies model `model_key` of `params` into the resident tensors (no allocation).
+
+        ``global`` reads the unprefixed names of a single-model broadcast; any other key
+        reads ``"{model_key}/{name}"`` from a multi-model broadcast
+        (`raydpfl.algorithms.multi_model`).
+        """
         with torch.no_grad():
             for name, t in self.params.items():
-                t.copy_(params[name])
+                t.copy_(params[name if model_key == GLOBAL_MODEL else f"{model_key}/{name}"])
 
     def run_task(
         self, global_params: Mapping[str, torch.Tensor], task: ClientTask
     ) -> ClientResult:
-        """Runs one client's task from `global_params` on that client's data."""
-        self.load_params(global_params)
+        """Runs one client's task from `global_params` on that client's data.
+
+        The client starts from the broadcast model named by `task.model_key`
+        (`load_params`). With ``model_key == ALL_MODELS`` the client half instead gets the
+        whole broadcast mapping (every model, prefixed names) and must only read it.
+        """
+        if task.model_key == ALL_MODELS:
+            start: Params = dict(global_params)
+        else:
+            self.load_params(global_params, task.model_key)
+            start = self.params
         if task.payload is not None:  # per-client tensors travel to the worker's device
             task = dataclasses.replace(
                 task, payload={n: t.to(self.device) for n, t in task.payload.items()}
@@ -123,7 +149,7 @@ class ClientWorker:
             device=self.device,
         )
         try:
-            return self.algorithm.local_update(ctx, self.params, data, task)
+            return self.algorithm.local_update(ctx, start, data, task)
         except Exception as e:
             # Name the client and round: a traceback from deep inside torch says neither.
             raise RuntimeError(
@@ -145,11 +171,15 @@ class ClientWorker:
         """Runs each group's tasks in order and returns one weighted partial sum per group.
 
         Only the partial sums leave the worker; per-client updates are dropped as soon
-        as they are added, so memory does not grow with the number of clients.
+        as they are added, so memory does not grow with the number of clients. A group
+        the algorithm can train at once is vectorised over its clients (`_vectorise`).
         """
         broadcast = {n: t.to(self.device) for n, t in global_params.items()}
         out = []
         for group in groups:
+            if self._vectorise(group):
+                out.append(self._run_group_vectorised(broadcast, group))
+                continue
             acc = WeightedUpdateSum()
             for task in group:
                 r = self.run_task(broadcast, task)
@@ -157,13 +187,58 @@ class ClientWorker:
             out.append(acc)
         return out
 
+    def _vectorise(self, group: Sequence[ClientTask]) -> bool:
+        """Whether to train `group` vectorised over clients (see `multi_client`)."""
+        supports = getattr(self.algorithm, "supports_group", None)
+        if self.vectorise == "off" or supports is None or len(group) < 2 or not supports(group):
+            return False
+        return self.vectorise == "on" or multi_client.pays_off(self.model, self.device)
+
+    def _run_group_vectorised(
+        self, broadcast: Mapping[str, torch.Tensor], group: Sequence[ClientTask]
+    ) -> WeightedUpdateSum:
+        """All of a group's clients at once: the same per-client RNG streams and draws as
+        `run_task` one at a time, so the same results up to float rounding."""
+        self.load_params(broadcast, group[0].model_key)
+        ctxs = [
+            ClientContext(
+                model=self.model,
+                clipping=self.clipping,
+                generator=torch_generator(
+                    self.run_seed, t.round_idx, t.client_id, t.kind, device=self.device
+                ),
+                device=self.device,
+            )
+            for t in group
+        ]
+        datas = [
+            ClientData(t.client_id, self.x, self.y, self.client_train[t.client_id]) for t in group
+        ]
+        try:
+            return self.algorithm.local_update_group_sum(ctxs, self.params, datas, group)
+        except Exception as e:
+            ids = ", ".join(str(t.client_id) for t in group)
+            raise RuntimeError(
+                f"clients {ids} (vectorised) failed in round {group[0].round_idx + 1}: {e}"
+            ) from e
+
     def evaluate_clients(
-        self, params: Mapping[str, torch.Tensor], client_ids: Sequence[int]
+        self,
+        params: Mapping[str, torch.Tensor],
+        client_ids: Sequence[int],
+        model_keys: Sequence[str] | None = None,
     ) -> list[EvalResult]:
-        """Evaluates `params` on each client's held-out test records."""
+        """Evaluates `params` on each client's held-out test records.
+
+        `model_keys[k]` names the model that scores `client_ids[k]` in a multi-model
+        broadcast (see `model_params`); None scores every client with the single model.
+        """
         broadcast = {n: t.to(self.device) for n, t in params.items()}
+        if model_keys is not None and len(model_keys) != len(client_ids):
+            raise ValueError(f"{len(model_keys)} model keys for {len(client_ids)} clients")
         out = []
-        for c in client_ids:
+        for k, c in enumerate(client_ids):
             idx = self.client_test[c]
-            out.append(evaluate(self.model, broadcast, self.x[idx], self.y[idx]))
+            chosen = broadcast if model_keys is None else model_params(broadcast, model_keys[k])
+            out.append(evaluate(self.model, chosen, self.x[idx], self.y[idx]))
         return out

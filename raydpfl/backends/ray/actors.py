@@ -29,12 +29,13 @@ class RayClientWorker(ClientWorker):
         run_seed: int,
         device: str,
         engine: str,
+        vectorise: str = "auto",
         *,
         threads: int,
     ) -> None:
         torch.set_num_threads(threads)
         dataset = ray.get(dataset_box[0])
-        super().__init__(algorithm, model_spec, dataset, run_seed, device, engine)
+        super().__init__(algorithm, model_spec, dataset, run_seed, device, engine, vectorise)
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs: node, process, accelerator ids Ray granted, threads."""

@@ -38,7 +38,7 @@ class RayBackend(Backend):
 
     Args:
         worker_args: Positional arguments of `RayClientWorker` (algorithm, model spec,
-            boxed dataset reference, run seed, device, engine).
+            boxed dataset reference, run seed, device, engine, vectorise).
         train_sizes: |D_i| per client, for load balancing.
         num_workers: Number of worker actors.
         cpus_per_worker: CPUs each worker reserves; its torch threads =
@@ -92,17 +92,24 @@ class RayBackend(Backend):
         )
 
     def evaluate_clients(
-        self, params: Mapping[str, torch.Tensor], client_ids: Sequence[int]
+        self,
+        params: Mapping[str, torch.Tensor],
+        client_ids: Sequence[int],
+        model_keys: Sequence[str] | None = None,
     ) -> list[EvalResult]:
         params_ref = ray.put(dict(params))
-        chunks = [
+        positions = [
             c
-            for c in np.array_split(np.asarray(client_ids, dtype=np.int64), len(self.workers))
+            for c in np.array_split(np.arange(len(client_ids), dtype=np.int64), len(self.workers))
             if len(c)
         ]
         refs = [
-            w.evaluate_clients.remote(params_ref, [int(c) for c in chunk])
-            for w, chunk in zip(self.workers, chunks, strict=False)
+            w.evaluate_clients.remote(
+                params_ref,
+                [int(client_ids[k]) for k in chunk],
+                *([[model_keys[k] for k in chunk]] if model_keys is not None else []),
+            )
+            for w, chunk in zip(self.workers, positions, strict=False)
         ]
         return [r for part in self._get(refs, self.round_timeout_s, "evaluation") for r in part]
 

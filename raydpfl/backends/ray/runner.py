@@ -41,7 +41,15 @@ class ServerHost:
         dataset_ref = dataset_box[0]  # boxed so it arrives as a reference, not a copy
         exp = dataclasses.replace(exp, dataset=ray.get(dataset_ref))
         self.backend = RayBackend(
-            (exp.algorithm, exp.model_spec, [dataset_ref], rt.seed, rt.device, rt.engine),
+            (
+                exp.algorithm,
+                exp.model_spec,
+                [dataset_ref],
+                rt.seed,
+                rt.device,
+                rt.engine,
+                rt.vectorise_clients,
+            ),
             exp.dataset.train_sizes(),
             num_workers=rt.workers,
             cpus_per_worker=rt.cpus_per_worker,

@@ -1,0 +1,256 @@
+"""One-client-at-a-time versus vectorised-over-clients DP-SGD, same clients, same draws.
+
+    python benchmarks/vectorised_clients.py                   # both cases, CPU, 1 thread
+    python benchmarks/vectorised_clients.py --case w3 --repeats 5
+    python benchmarks/vectorised_clients.py --device cuda --budget-mib 8192
+
+Cases (shared/workloads.md):
+- ``w3``: many small clients: 1,000 clients with 2..10 records each (≈ 6), one full-batch
+  clipped-and-noised step (q = 1, τ = 1), the 4,266-parameter MNIST CNN (``mnist_cnn`` if
+  registered, else ``bcs_mnist_cnn``).
+- ``w1``: FedAvgCNN (582,026 parameters), 20 clients × τ = 5 steps, |D_i| ≈ 600 and
+  q = 50 / mean |D_i| so Poisson batches are ≈ 50.
+
+Both paths run `DPFedAvg`'s client half in this process on resident random data
+(speed does not depend on pixel values): the sequential path is `local_update` per
+client with the worker's default engine (``auto``: book-keeping for these models), the
+parameters copied in per client as the worker does; the vectorised path is
+`local_update_group` over the whole group. Each repetition runs both, alternating
+which goes first, with fresh generators on the same seeds, so both do exactly the same
+work (checked: the realised batch sizes agree). Figures: samples/s (realised Poisson
+samples per second) per path, medians over repetitions, and the ratio
+vectorised / sequential. Absolute numbers vary with machine load; quote the ratio.
+Results: benchmarks/results/vectorised_clients.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from raydpfl.algorithms import DPFedAvg  # noqa: E402
+from raydpfl.algorithms.base import ClientContext, ClientData  # noqa: E402
+from raydpfl.models import build_model  # noqa: E402
+from raydpfl.privacy import multi_client  # noqa: E402
+from raydpfl.privacy.dpsgd import make_engine  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "vectorised_clients.json"
+
+
+def _small_cnn_name() -> str:
+    """W3's 4,266-parameter CNN: ``mnist_cnn`` once registered, else ``bcs_mnist_cnn``."""
+    import raydpfl.models.dpfl_bcs  # noqa: F401  (registers the DPFL-BCS models)
+
+    try:
+        build_model("mnist_cnn", (1, 28, 28), 10)
+    except ValueError:
+        return "bcs_mnist_cnn"
+    return "mnist_cnn"
+
+
+def make_case(case: str, device: torch.device, seed: int = 0, model: str | None = None) -> dict:
+    """Model, data pool, client indices and the algorithm of one case."""
+    g = torch.Generator().manual_seed(seed)
+    if case == "w3":
+        clients = 1000
+        sizes = torch.randint(2, 11, (clients,), generator=g).tolist()
+        model_name, q, steps = _small_cnn_name(), 1.0, 1
+    elif case == "w1":
+        clients = 20
+        sizes = torch.randint(300, 901, (clients,), generator=g).tolist()
+        model_name, steps = "fedavg_cnn", 5
+        q = 50.0 / (sum(sizes) / clients)
+    else:
+        raise ValueError(case)
+    model_name = model or model_name
+    total = sum(sizes)
+    x = torch.randn((total, 1, 28, 28), generator=g).to(device)
+    y = torch.randint(0, 10, (total,), generator=g).to(device)
+    perm = torch.randperm(total, generator=g).to(device)
+    offsets = [0]
+    for s in sizes:
+        offsets.append(offsets[-1] + s)
+    indices = [perm[offsets[k] : offsets[k + 1]] for k in range(clients)]
+    torch.manual_seed(seed)
+    model = build_model(model_name, (1, 28, 28), 10).to(device).requires_grad_(False)
+    alg = DPFedAvg(
+        clients_per_round=clients,
+        local_steps=steps,
+        lr=0.1,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+        sampling_rate=q,
+    )
+    return {
+        "case": case,
+        "model": model_name,
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "clients": clients,
+        "mean_records": total / clients,
+        "sampling_rate": q,
+        "local_steps": steps,
+        "model_obj": model,
+        "x": x,
+        "y": y,
+        "indices": indices,
+        "alg": alg,
+    }
+
+
+def _generators(n: int, device: torch.device) -> list[torch.Generator]:
+    return [torch.Generator(device=device).manual_seed(10_000 + k) for k in range(n)]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_sequential(c: dict, device: torch.device, engine) -> tuple[float, int]:
+    model, alg = c["model_obj"], c["alg"]
+    tasks = alg.plan(0, list(range(c["clients"])), None)
+    broadcast = {n: p.detach().clone() for n, p in model.named_parameters()}
+    resident = {n: p.clone() for n, p in broadcast.items()}
+    gens = _generators(c["clients"], device)
+    _sync(device)
+    t0 = time.perf_counter()
+    samples = 0.0
+    for k, task in enumerate(tasks):
+        for n, t in resident.items():  # the worker's load_params
+            t.copy_(broadcast[n])
+        ctx = ClientContext(model, engine, gens[k], device)
+        data = ClientData(k, c["x"], c["y"], c["indices"][k])
+        r = alg.local_update(ctx, resident, data, task)
+        samples += r.metrics["mean_batch_size"] * task.local_steps
+    _sync(device)
+    return time.perf_counter() - t0, round(samples)
+
+
+def run_vectorised(
+    c: dict, device: torch.device, engine, budget: int, vec_engine: str = "auto"
+) -> tuple[float, int]:
+    model, alg = c["model_obj"], c["alg"]
+    tasks = alg.plan(0, list(range(c["clients"])), None)
+    broadcast = {n: p.detach().clone() for n, p in model.named_parameters()}
+    gens = _generators(c["clients"], device)
+    multi_client._ENGINES[model] = multi_client.MultiClientDPSGD(
+        model, memory_budget_bytes=budget, engine=vec_engine
+    )
+    _sync(device)
+    t0 = time.perf_counter()
+    ctxs = [ClientContext(model, engine, g, device) for g in gens]
+    datas = [ClientData(k, c["x"], c["y"], idx) for k, idx in enumerate(c["indices"])]
+    results = alg.local_update_group(ctxs, broadcast, datas, tasks)
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    samples = sum(
+        r.metrics["mean_batch_size"] * t.local_steps for r, t in zip(results, tasks, strict=True)
+    )
+    return elapsed, round(samples)
+
+
+def bench(case: str, args: argparse.Namespace, device: torch.device) -> dict:
+    c = make_case(case, device, model=args.model)
+    engine = make_engine(c["model_obj"], args.engine)
+    budget = args.budget_mib * 2**20
+    # warm-up (lazy init, allocator) — not timed
+    few = {**c, "clients": min(c["clients"], 4), "indices": c["indices"][:4]}
+    run_sequential(few, device, engine)
+    run_vectorised(few, device, engine, budget, args.vec_engine)
+    seq_rates, vec_rates, ratios = [], [], []
+    for rep in range(args.repeats):
+        order = ("seq", "vec") if rep % 2 == 0 else ("vec", "seq")
+        out = {}
+        for which in order:
+            if which == "seq":
+                out[which] = run_sequential(c, device, engine)
+            else:
+                out[which] = run_vectorised(c, device, engine, budget, args.vec_engine)
+        (ts, ns), (tv, nv) = out["seq"], out["vec"]
+        if ns != nv:
+            raise RuntimeError(f"paths did different work: {ns} vs {nv} samples")
+        seq_rates.append(ns / ts)
+        vec_rates.append(nv / tv)
+        ratios.append(ts / tv)
+        print(
+            f"  {case} rep {rep + 1}: sequential {ns / ts:8.1f} samples/s ({ts:.2f} s), "
+            f"vectorised {nv / tv:8.1f} samples/s ({tv:.2f} s), ratio {ts / tv:.2f}",
+            flush=True,
+        )
+    row = {k: v for k, v in c.items() if k not in ("model_obj", "x", "y", "indices", "alg")}
+    row.update(
+        samples_per_run=ns,
+        sequential_engine=type(engine).__name__,
+        vectorised_engine=multi_client.for_model(c["model_obj"]).engine,
+        sequential_samples_per_s=seq_rates,
+        vectorised_samples_per_s=vec_rates,
+        ratios=ratios,
+        median_sequential=statistics.median(seq_rates),
+        median_vectorised=statistics.median(vec_rates),
+        median_ratio=statistics.median(ratios),
+        ratio_of_medians=statistics.median(vec_rates) / statistics.median(seq_rates),
+    )
+    print(
+        f"{case}: sequential ({row['sequential_engine']}) median "
+        f"{row['median_sequential']:.1f} samples/s, "
+        f"vectorised ({row['vectorised_engine']}) median "
+        f"{row['median_vectorised']:.1f} samples/s, median ratio {row['median_ratio']:.2f}x",
+        flush=True,
+    )
+    return row
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--case", nargs="+", choices=("w3", "w1"), default=["w3", "w1"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--engine", default="auto", help="engine of the sequential path")
+    p.add_argument(
+        "--vec-engine",
+        default="auto",
+        choices=("auto", "bookkeeping", "vmap"),
+        help="engine of the vectorised path (auto: grouped book-keeping where supported)",
+    )
+    p.add_argument("--budget-mib", type=int, default=512, help="vectorised memory budget")
+    p.add_argument("--model", default=None, help="override the case's model (zoo name)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    rows = [bench(case, args, device) for case in args.case]
+    report = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "machine": platform.platform(),
+        "cpus": __import__("os").cpu_count(),
+        "load_avg": __import__("os").getloadavg(),
+        "budget_mib": args.budget_mib,
+        "cases": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
