@@ -23,7 +23,6 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from raydpfl.algorithms import DPFedAvg
-from raydpfl.models import FedAvgCNN
 from raydpfl.simulation.build import Experiment
 from raydpfl.simulation.seeding import SERVER, numpy_rng, torch_generator
 
@@ -67,6 +66,7 @@ class BatchPlan:
     input_shape: tuple[int, ...]
     num_classes: int
     init_params: Params
+    build_model: Callable[[], nn.Module]  # the workload's architecture (a fresh instance)
     rounds: tuple[tuple[ClientRun, ...], ...]
     eval_every: int
     lr: float
@@ -124,6 +124,7 @@ def record_batches(exp: Experiment, rounds: int) -> BatchPlan:
         input_shape=tuple(ds.input_shape),
         num_classes=ds.num_classes,
         init_params={n: t.clone() for n, t in exp.init_params.items()},
+        build_model=exp.model_spec.build,
         rounds=tuple(plan_rounds),
         eval_every=exp.config.experiment.algorithm.eval_every,
         lr=algo.lr,
@@ -195,7 +196,7 @@ def run_nonprivate(plan: BatchPlan, on_round: OnRound | None = None) -> FloorRes
     the mean over the realised batch), so each step has DP-SGD's scale and an empty
     Poisson batch is a zero gradient; such a step is skipped, as SGD would not move.
     """
-    model = FedAvgCNN(plan.input_shape, plan.num_classes)
+    model = plan.build_model()
     opt = torch.optim.SGD(model.parameters(), lr=plan.lr)
     params = dict(model.named_parameters())
 
@@ -226,7 +227,7 @@ def run_per_sample(plan: BatchPlan, on_round: OnRound | None = None) -> FloorRes
     generator state), w ← w − η·s/(q·|D_i|). The whole batch goes through vmap at
     once: W1's batches are small enough that chunking would only add overhead.
     """
-    model = FedAvgCNN(plan.input_shape, plan.num_classes)
+    model = plan.build_model()
     model.requires_grad_(False)  # parameters are passed in functionally
 
     def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
