@@ -133,11 +133,8 @@ class FedFDP(_Base):
         self._last: dict[str, float] = {}
 
     # ---- server half -------------------------------------------------------------
-    def plan(
-        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
-    ) -> list[ClientTask]:
-        extras = {"lam": self.lam, "global_loss": self.global_loss}
-        return [self._train_task(c, round_idx, int(train_sizes[c]), extras=extras) for c in cohort]
+    def _round_extras(self) -> dict[str, float]:
+        return {"lam": self.lam, "global_loss": self.global_loss}
 
     def aggregate(
         self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]

@@ -372,7 +372,12 @@ class _Base(Algorithm):
     def plan(
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
     ) -> list[ClientTask]:
-        return [self._train_task(c, round_idx, int(train_sizes[c])) for c in cohort]
+        kw = {"extras": self._round_extras()}
+        return [self._train_task(c, round_idx, int(train_sizes[c]), **kw) for c in cohort]
+
+    def _round_extras(self) -> dict[str, float]:
+        """Scalars every client gets with this round's task (e.g. λ, the global loss)."""
+        return {}
 
     def after_round(
         self,

@@ -153,7 +153,7 @@ def apply_params(base_raw: Mapping[str, Any], params: Mapping[str, Any]) -> dict
     """A copy of `base_raw` with each dotted key in `params` set to its value."""
     data = copy.deepcopy(dict(base_raw))
     for key, value in params.items():
-        set_dotted(data, key, _plain(value))
+        set_dotted(data, key, plain_value(value))
     return data
 
 
@@ -381,7 +381,7 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """Numpy scalars from samplers become plain Python values (YAML and the schema)."""
     if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
         return value.item()

@@ -31,7 +31,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -45,7 +44,7 @@ from raydpfl.simulation.outputs import (
     prepare_run_dir,
 )
 from raydpfl.tune.selection import selection_privacy
-from raydpfl.tune.spec import Sweep, TuneSpec, parse_sweep
+from raydpfl.tune.spec import Sweep, TuneSpec, parse_sweep, plain_value
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_DIR = "trials"
@@ -245,7 +244,6 @@ def run_trial(params: Mapping[str, Any], sweep: Sweep, sweep_dir: str) -> None:
     exp = build_experiment(config)
     if not resume:
         prepare_run_dir(run_dir)
-        RunWriter(run_dir).write_config(dump_config(config))
     reporter = TrialReporter(sweep.spec.metric, tune.report, config.experiment.algorithm.rounds)
     summary = run_in_trial(exp, run_dir, reporter, resume)
     reporter.flush(summary)
@@ -297,18 +295,20 @@ class TrialReporter:
 
 def run_in_trial(exp: Any, run_dir: Path, on_round: Any, resume: bool) -> dict[str, Any]:
     """Runs `exp` with this process as the server (inside the trial's placement group)."""
-    from raydpfl.simulation.build import make_local_backend, make_server
+    from raydpfl.simulation.build import run_experiment
 
     if exp.config.runtime.backend == "local":
-        server = make_server(exp, RunWriter(run_dir), on_round, resume=resume)
-        with make_local_backend(exp) as backend:
-            return server.run(backend)
+        return run_experiment(exp, run_dir, on_round, resume=resume)
     import ray
 
     from raydpfl.backends.ray.runner import ServerHost
 
-    # The server lives in this process, so the workers it starts are captured by the
-    # trial's placement group (Ray schedules children of a placement-group task there).
+    if not resume:
+        RunWriter(run_dir).write_config(dump_config(exp.config))
+    # Not `run_experiment`: its server actor is pinned to a node, which would take it and
+    # its workers out of the trial's placement group. Here the server lives in this
+    # process, so the workers it starts are captured by the group (Ray schedules children
+    # of a placement-group task there).
     host = ServerHost(exp, [ray.put(exp.dataset)], str(run_dir), resume)
     host.server.on_round = on_round
     try:
@@ -402,7 +402,7 @@ def _trial_row(sweep: Sweep, sweep_dir: Path, result: Any) -> dict[str, Any]:
     return {
         "trial_id": trial_id,
         "status": status,
-        "params": {k: _plain(v) for k, v in params.items()},
+        "params": {k: plain_value(v) for k, v in params.items()},
         "rounds_completed": len(rounds),
         "rounds_planned": planned,
         "metric_last": values[-1] if values else None,
@@ -452,7 +452,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _plain(value: Any) -> Any:
-    return value.item() if isinstance(value, np.generic) else value
