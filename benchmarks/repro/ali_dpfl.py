@@ -199,7 +199,14 @@ def write_configs() -> list[Path]:
     return written
 
 
-def run_cell(cell: Cell, method: str, seed: int, eval_every: int, probe: int | None) -> dict:
+def run_cell(
+    cell: Cell,
+    method: str,
+    seed: int,
+    eval_every: int,
+    probe: int | None,
+    normalizer: str = "expected",
+) -> dict:
     """Runs one method on one Fashion-MNIST cell; returns its record."""
     from raydpfl.simulation.build import build_experiment, run_experiment
 
@@ -209,6 +216,8 @@ def run_cell(cell: Cell, method: str, seed: int, eval_every: int, probe: int | N
     algo.update(name=name, local_steps=tau, eval_every=eval_every)
     if probe is not None:
         algo["ali_dpfl"]["mu_probe_size"] = probe
+    # A7: the authors' code divides by a fixed 64, not by the batch size.
+    algo["ali_dpfl"]["normalizer"] = normalizer
     r_c, r_s = cell.budgets()
     if name == "pe_dpfl":
         # z calibrated so that min(R_s, ⌊R_c/3⌋) full-batch releases fit the budget.
@@ -222,6 +231,7 @@ def run_cell(cell: Cell, method: str, seed: int, eval_every: int, probe: int | N
         "cell": cell.key,
         "method": method,
         "seed": seed,
+        "normalizer": normalizer,
         "eval_every": eval_every,
         "R_c": r_c,
         "R_s": r_s,
@@ -261,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--mu-probe-size", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument(
+        "--normalizer",
+        default="expected",
+        choices=["expected", "actual", "fixed"],
+        help="DP-SGD divisor (A7): q*|D_i| (default), the batch size, or 64 (authors' code)",
+    )
     args = p.parse_args(argv)
     if args.write_configs:
         for path in write_configs():
@@ -286,12 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.cells:
         for method in args.methods:
             for seed in args.seeds:
-                rec = run_cell(by_key[key], method, seed, args.eval_every, args.mu_probe_size)
+                rec = run_cell(
+                    by_key[key],
+                    method,
+                    seed,
+                    args.eval_every,
+                    args.mu_probe_size,
+                    args.normalizer,
+                )
                 records.append(rec)
                 done.append(rec)
                 RESULTS.write_text(json.dumps(done, indent=1))
                 print(
-                    f"{key} {method} seed {seed}: best {rec['best_accuracy']:.2f} "
+                    f"{key} {method} seed {seed} ({args.normalizer}): "
+                    f"best {rec['best_accuracy']:.2f} "
                     f"final {rec['final_accuracy']:.2f} (paper {rec['paper']:.2f}) "
                     f"{rec['rounds']} rounds, {rec['iterations']} it, "
                     f"{rec['wall_seconds']:.0f} s",

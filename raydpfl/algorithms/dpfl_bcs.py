@@ -47,10 +47,14 @@ frequencies reveal them, §10) — see `unaccounted_releases`.
 Baselines share this class (`selection="uniform"`): DPSGD (Gaussian), DMLDP (Laplace), WeiAvg
 and PFA (aggregation rules in `dpfl_bcs_baselines`), and FedSGD (`BcsFedSgd`, no clipping or
 noise). Uniform baselines split each budget over the uniform plan T_n = K·T/N and upload no
-losses (§11.7 [REC]). Not implemented: PRIVATEFL and PRIVATEFL-BCS (Yang et al., USENIX
-Security 2023, not in the seeds; a per-client learned input transformation with state the
-stateless workers would have to carry), and linear regression (the simulator's datasets and
-evaluation are classification).
+losses (§11.7 [REC]). PRIVATEFL and PRIVATEFL-BCS (Table I) subclass it in
+`raydpfl.algorithms.privatefl` (a per-client input transformation, trained jointly under the
+same clip and noise, kept by the server half per client and shipped in the task payload).
+
+Regression (``regression=True``, the paper's convex linear-regression case): the model has one
+output, the targets are real values and the per-sample loss is the squared error (ŷ − y)²,
+used for the clipped gradients and, clipped at Θ, for the stage-1 loss reports; everything
+else (sensitivities, calibration, selection) is unchanged. Classification uses cross-entropy.
 """
 
 from __future__ import annotations
@@ -140,8 +144,10 @@ class DpflBcs(Algorithm):
         server_momentum: float = 0.0,
         pfa_public_fraction: float = 0.5,
         pfa_rank: int = 1,
+        regression: bool = False,
     ) -> None:
         self.k = int(clients_per_round)
+        self.regression = bool(regression)  # MSE on one output and float targets
         self.rounds = int(rounds)
         self.lr0, self.lr_tau = float(lr), float(lr_decay_tau)
         self.clip = float(clip_norm)
@@ -603,32 +609,50 @@ class DpflBcs(Algorithm):
         self.plan_history = {k: list(v) for k, v in state["plan_history"].items()}
 
     # ---- client half -----------------------------------------------------------------
+    def _loss(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Cross-entropy (classification) or squared error (regression: one output, float y)."""
+        if not self.regression:
+            return F.cross_entropy(out, y, reduction=reduction)
+        return F.mse_loss(out.reshape(y.shape), y, reduction=reduction)
+
+    def _forward(self, model: torch.nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
+        """The model's output on a batch (PRIVATEFL first applies the client's transform)."""
+        return functional_call(model, params, (x,))
+
     def _per_sample(self, model: torch.nn.Module) -> Any:
         fn = self._psg.get(id(model))
         if fn is None:
 
-            def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-                out = functional_call(model, params, (x.unsqueeze(0),))
-                return F.cross_entropy(out, y.unsqueeze(0))
+            def sample_loss(
+                params: Params, const: Params, x: torch.Tensor, y: torch.Tensor
+            ) -> torch.Tensor:
+                out = self._forward(model, {**params, **const}, x.unsqueeze(0))
+                return self._loss(out, y.unsqueeze(0))
 
-            fn = vmap(grad(sample_loss), in_dims=(None, 0, 0))
+            fn = vmap(grad(sample_loss), in_dims=(None, None, 0, 0))
             self._psg[id(model)] = fn
         return fn
 
-    def _clipped_mean(self, ctx: ClientContext, params: Params, x, y) -> Params:
-        """(1/D_n)·Σ clip(∇f(w, ζ)) over all records (L2 for GM, L1 for LM; none: plain)."""
+    def _clipped_mean(
+        self, ctx: ClientContext, params: Params, x, y, const: Params | None = None
+    ) -> Params:
+        """(1/D_n)·Σ clip(∇f(w, ζ)) over all records (L2 for GM, L1 for LM; none: plain).
+
+        The gradient is taken with respect to `params` only; `const` (PRIVATEFL's frozen
+        transform) enters the forward pass as a constant."""
+        const = {} if const is None else {n: t.detach() for n, t in const.items()}
         frozen = {n: p.detach() for n, p in params.items()}
         total = {n: torch.zeros_like(p) for n, p in frozen.items()}
         if not self.private:
             with torch.enable_grad():
                 leaves = {n: p.clone().requires_grad_(True) for n, p in frozen.items()}
-                loss = F.cross_entropy(functional_call(ctx.model, leaves, (x,)), y)
+                loss = self._loss(self._forward(ctx.model, {**leaves, **const}, x), y)
                 grads = torch.autograd.grad(loss, list(leaves.values()))
             return {n: g.detach() for n, g in zip(leaves, grads, strict=True)}
         per_sample = self._per_sample(ctx.model)
         order = 1 if self.mechanism == "laplace" else 2
         for start in range(0, x.shape[0], _CHUNK):
-            g = per_sample(frozen, x[start : start + _CHUNK], y[start : start + _CHUNK])
+            g = per_sample(frozen, const, x[start : start + _CHUNK], y[start : start + _CHUNK])
             flat = torch.cat([t.reshape(t.shape[0], -1) for t in g.values()], dim=1)
             norms = flat.abs().sum(dim=1) if order == 1 else flat.norm(dim=1)
             factors = clip_factors(norms, self.clip)
@@ -639,8 +663,8 @@ class DpflBcs(Algorithm):
     def _mean_clipped_loss(self, ctx: ClientContext, params: Params, x, y) -> float:
         with torch.no_grad():
             losses = [
-                F.cross_entropy(
-                    functional_call(ctx.model, params, (x[s : s + _CHUNK],)),
+                self._loss(
+                    self._forward(ctx.model, params, x[s : s + _CHUNK]),
                     y[s : s + _CHUNK],
                     reduction="none",
                 ).clamp(max=self.loss_bound)

@@ -18,8 +18,9 @@ rule) and differ in selection and aggregation:
   update u by its projection V Vᵀ u, and aggregates all updates with WeiAvg's ε-weights.
   A round without a public client falls back to WeiAvg. Post-processing only: no privacy cost.
 
-PRIVATEFL and PRIVATEFL-BCS are not implemented (see the module docstring of
-`raydpfl.algorithms.dpfl_bcs`).
+- PRIVATEFL (uniform) and PRIVATEFL-BCS (biased selection), Table I: a personalised input
+  transformation per client (Yang et al., USENIX Security 2023; NOT in the seeds); see
+  `raydpfl.algorithms.privatefl` for the model, what is noised and our assumptions.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from raydpfl.config._base import ConfigError, _check
 from raydpfl.config.dpfl_bcs import DATASET_NAMES as BCS_DATASETS
 from raydpfl.config.dpfl_bcs import MODEL_NAMES as BCS_MODELS
 from raydpfl.config.dpfl_bcs import NAMES as BCS_ALGORITHMS
-from raydpfl.config.dpfl_bcs import DpflBcsConfig
+from raydpfl.config.dpfl_bcs import DpflBcsConfig, check_task
 from raydpfl.config.fedfdp import NAMES as FEDFDP_ALGORITHMS
 from raydpfl.config.fedfdp import FedFdpConfig
 from raydpfl.config.rc_dpfl import MODEL_NAMES as RC_MODELS
@@ -285,6 +285,8 @@ class ExperimentConfig:
             f"must be <= data.num_clients ({self.data.num_clients}), "
             f"got {self.algorithm.clients_per_round}",
         )
+        # Regression vs classification: dataset, model and algorithm must agree.
+        check_task(self.data.dataset, self.model.name, self.algorithm.name)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,9 @@
-"""Centralised image datasets: file discovery, safe readers, loading and download.
+"""Centralised datasets: file discovery, safe readers, loading and download.
 
 Only formats that can be parsed without executing code are supported: IDX files for
 MNIST/Fashion-MNIST and the *binary* CIFAR-10 batches. Nothing is ever unpickled from a
-user-supplied path.
+user-supplied path. `digits` and `diabetes` ship with scikit-learn (offline); `diabetes` is
+the one regression dataset (float targets).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "DATASET_FILES",
     "DATASET_MD5",
     "DATASET_URLS",
+    "REGRESSION_DATASETS",
     "ArrayDataset",
     "DatasetNotFoundError",
     "DownloadError",
@@ -47,7 +49,9 @@ class DownloadError(RuntimeError):
     """A dataset could not be downloaded or failed checksum verification."""
 
 
-DATASETS: tuple[str, ...] = ("mnist", "fashion_mnist", "cifar10", "digits")
+DATASETS: tuple[str, ...] = ("mnist", "fashion_mnist", "cifar10", "digits", "diabetes")
+#: Datasets whose targets are real values (float32 `y`, one model output, MSE).
+REGRESSION_DATASETS: tuple[str, ...] = ("diabetes",)
 
 _IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -71,6 +75,7 @@ DATASET_FILES: dict[str, dict[str, str]] = {
         "test_batch": "test_batch.bin",
     },
     "digits": {},
+    "diabetes": {},
 }
 
 # Dataset -> downloaded file name -> published MD5 (of the file as served by the mirror).
@@ -89,6 +94,7 @@ DATASET_MD5: dict[str, dict[str, str]] = {
     },
     "cifar10": {_CIFAR_TARBALL: "c32a1d4ab5d03f1284b67883e8d87530"},
     "digits": {},
+    "diabetes": {},
 }
 
 # Dataset -> base URL; the download URL of a file is base + file name.
@@ -113,6 +119,8 @@ _NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 
 _DIGITS_TEST_FRACTION = 0.2
 _DIGITS_SPLIT_SEED = 0
+_DIABETES_TEST_FRACTION = 0.2
+_DIABETES_SPLIT_SEED = 0
 _DOWNLOAD_CHUNK = 1 << 20
 
 
@@ -123,10 +131,11 @@ class ArrayDataset:
     Attributes:
         name: Dataset name, one of `DATASETS`.
         x_train: float32 array of shape (N, *input_shape), already normalised.
-        y_train: int64 labels of shape (N,).
+        y_train: int64 labels of shape (N,); float32 targets for a regression dataset.
         x_test: float32 array of shape (M, *input_shape), normalised like `x_train`.
-        y_test: int64 labels of shape (M,).
-        num_classes: Number of classes; labels lie in [0, num_classes).
+        y_test: int64 labels (float32 targets) of shape (M,).
+        num_classes: Number of classes; labels lie in [0, num_classes). 1 for regression
+            (the model's single output).
         input_shape: Shape of one example, e.g. (1, 28, 28).
     """
 
@@ -303,7 +312,7 @@ def find_dataset_files(name: str, root: str | os.PathLike[str] | None = None) ->
         DatasetNotFoundError: If no searched directory holds all the files.
     """
     _check_name(name)
-    if name == "digits":
+    if name in ("digits", "diabetes"):
         return {}
     root_path = _resolve_root(root)
     for directory in _candidate_dirs(name, root_path):
@@ -406,6 +415,32 @@ def _load_digits() -> ArrayDataset:
     )
 
 
+def _load_diabetes() -> ArrayDataset:
+    # Imported lazily, like digits.
+    from sklearn.datasets import load_diabetes
+
+    bunch = load_diabetes(scaled=False)
+    x = np.asarray(bunch.data, dtype=np.float64)
+    y = np.asarray(bunch.target, dtype=np.float64)
+    order = np.random.default_rng(_DIABETES_SPLIT_SEED).permutation(len(y))
+    n_test = round(_DIABETES_TEST_FRACTION * len(y))
+    test_idx, train_idx = np.sort(order[:n_test]), np.sort(order[n_test:])
+    # Standardised with the train split's statistics only (no test information leaks in).
+    x_mean, x_std = x[train_idx].mean(axis=0), x[train_idx].std(axis=0)
+    y_mean, y_std = y[train_idx].mean(), y[train_idx].std()
+    xs = ((x - x_mean) / x_std).astype(np.float32)
+    ys = ((y - y_mean) / y_std).astype(np.float32)
+    return ArrayDataset(
+        name="diabetes",
+        x_train=xs[train_idx],
+        y_train=ys[train_idx],
+        x_test=xs[test_idx],
+        y_test=ys[test_idx],
+        num_classes=1,
+        input_shape=(10,),
+    )
+
+
 def load_dataset(name: str, root: str | os.PathLike[str] | None = None) -> ArrayDataset:
     """Loads a centralised dataset into memory, normalised and channels-first.
 
@@ -418,6 +453,15 @@ def load_dataset(name: str, root: str | os.PathLike[str] | None = None) -> Array
     16, standardised with the scalar mean/std of all 1797 images, shaped (N, 1, 8, 8)
     and split 80/20 into train/test, stratified by class, with a fixed
     `numpy.random.default_rng(0)` so the split is identical on every call (1438 train / 359 test).
+
+    `diabetes` is scikit-learn's `load_diabetes` (442 patients, 10 features, a real-valued
+    disease-progression target): the offline stand-in for the DPFL-BCS paper's Lending Club
+    regression, which has the same 10 features (so the same 11-parameter linear model) but
+    is not available offline. The raw (unscaled) features are split 80/20 at random with a
+    fixed `numpy.random.default_rng(0)` (354 train / 88 test); every feature and the target
+    are then standardised with the mean and std of the TRAIN split only, so the targets are
+    float32 with mean 0 and variance 1 on the train split, and a test MSE of about 1 is what
+    predicting the train mean scores. `num_classes` is 1 (one output) and `y` is float32.
 
     Args:
         name: Dataset name, one of `DATASETS`.
@@ -433,6 +477,8 @@ def load_dataset(name: str, root: str | os.PathLike[str] | None = None) -> Array
     _check_name(name)
     if name == "digits":
         return _load_digits()
+    if name == "diabetes":
+        return _load_diabetes()
     if name == "cifar10":
         return _load_cifar10(root)
     return _load_mnist_like(name, root)
@@ -558,7 +604,7 @@ def download_dataset(
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     dest = _resolve_root(root) / name
-    if name == "digits":
+    if name in ("digits", "diabetes"):
         return dest
     dest.mkdir(parents=True, exist_ok=True)
     if name == "cifar10":

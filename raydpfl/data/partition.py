@@ -3,6 +3,13 @@
 Every partitioner returns one sorted int64 index array per client; the arrays are
 disjoint and hold only indices into the input. All randomness comes from the
 `numpy.random.Generator` passed in, so equal seeds give equal partitions.
+
+Real-valued (regression) targets are partitioned by their label quantiles:
+`partition_dirichlet` (and `partition_stats`) first bin a floating-point `labels` array into
+`LABEL_BINS` = 10 quantile bins (`quantile_bins`) and treat the bins as classes, so the
+per-class Dirichlet scheme skews each client's target distribution (DPFL-BCS spec §11.2:
+"Lending Club is regression, so bin the label into 10 quantile bins and apply the per-class
+scheme to the bins"). The other label-based partitioners accept class labels only.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import numpy as np
 from raydpfl.data._checks import check_int, check_labels, check_nonnegative, check_rng
 
 __all__ = [
+    "LABEL_BINS",
     "SPLIT_ROUNDINGS",
     "PartitionStats",
     "partition_dirichlet",
@@ -23,12 +31,41 @@ __all__ = [
     "partition_iid",
     "partition_shards",
     "partition_stats",
+    "quantile_bins",
     "split_train_test",
 ]
 
 _DIRICHLET_MAX_TRIES = 1000
 SPLIT_ROUNDINGS = ("nearest", "floor_train")
 _SUMMARY_MAX_CLIENT_ROWS = 10
+#: Number of quantile bins that stand for classes when the targets are real values.
+LABEL_BINS = 10
+
+
+def quantile_bins(values: np.ndarray, num_bins: int = LABEL_BINS) -> np.ndarray:
+    """Bin ids in [0, num_bins) of real values by their empirical quantiles.
+
+    The cut points are the i/num_bins quantiles (i = 1..num_bins−1) of `values`; a value
+    goes to the number of cut points at or below it, so each bin holds about
+    len(values)/num_bins values (ties can only make bins unequal, never leave a value
+    out). Returns an int64 array shaped like `values`.
+    """
+    num_bins = check_int("num_bins", num_bins, 1)
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or not np.all(np.isfinite(v)):
+        raise ValueError(f"values must be a 1-D array of finite reals, got shape {v.shape}")
+    if v.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    cuts = np.quantile(v, np.arange(1, num_bins) / num_bins)
+    return np.searchsorted(cuts, v, side="right").astype(np.int64)
+
+
+def _strata(labels: object) -> object:
+    """Class labels as they are; real-valued targets as their quantile bins."""
+    array = np.asarray(labels)
+    if array.size and np.issubdtype(array.dtype, np.floating):
+        return quantile_bins(array)
+    return labels
 
 
 def _sorted_parts(parts: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -134,7 +171,8 @@ def partition_dirichlet(
     approaches an IID split.
 
     Args:
-        labels: 1-D non-negative integer class labels; its length is the sample count.
+        labels: 1-D non-negative integer class labels (or real-valued targets, split by
+            their quantile bins); its length is the sample count.
         num_clients: Number of clients; >= 1.
         alpha: Dirichlet concentration; > 0.
         rng: Source of randomness.
@@ -149,7 +187,7 @@ def partition_dirichlet(
     """
     return _redraw_until_large_enough(
         "partition_dirichlet",
-        labels,
+        _strata(labels),
         num_clients,
         alpha,
         rng,
@@ -424,7 +462,8 @@ def partition_stats(
     """Counts the labels held by each client.
 
     Args:
-        labels: 1-D integer labels in [0, num_classes) that `parts` index into.
+        labels: 1-D integer labels in [0, num_classes) that `parts` index into; real-valued
+            targets are counted by their `LABEL_BINS` quantile bins (the "classes").
         parts: One 1-D integer index array per client; at least one.
         num_classes: Number of classes; >= 1.
 
@@ -435,6 +474,8 @@ def partition_stats(
         ValueError: If `parts` is empty, an index is out of range or a label is
             >= num_classes.
     """
+    if np.issubdtype(np.asarray(labels).dtype, np.floating):  # regression: quantile bins
+        labels, num_classes = _strata(labels), max(int(num_classes), LABEL_BINS)
     labels = check_labels(labels)
     num_classes = check_int("num_classes", num_classes, 1)
     if len(parts) == 0:

@@ -14,19 +14,61 @@ statistics), so the counts are unchanged.
 - ``bcs_resnet20``: He et al.'s CIFAR ResNet-20 (16/32/64 channels, 3 basic blocks per stage,
   no conv bias) with option-B shortcuts (1×1 conv + norm where the shape changes) and
   GroupNorm (``groups`` option, default 8). 272,474 parameters on CIFAR-10.
-- ``bcs_linear``: a linear model on the flattened input (Linear(features → classes)); with one
-  output it is the paper's linear regression (11 parameters on 10 features). The simulator's
-  datasets and evaluation are classification, so as a classifier it is multinomial logistic
-  regression; see the builder's docstring for what regression would need.
+- ``bcs_linear``: a linear model on the flattened input (Linear(features → classes)): on a
+  classification dataset, multinomial logistic regression.
+- ``bcs_linreg``: the paper's linear regression (§11.4, Lending Club): Linear(features → 1)
+  with bias and an MSE loss, 11 parameters on 10 features. Regression datasets only (one
+  output; the config refuses it with a classification dataset, and any other model with a
+  regression dataset). Lending Club is not available offline; the stand-in is scikit-learn's
+  ``diabetes`` (10 features, so the same 11 parameters).
+
+PRIVATEFL's personalised input transformation (`raydpfl.algorithms.privatefl`) is not a
+module: it is a pair of tensors a client keeps, applied to the input before the shared
+model, x ↦ γ ⊙ x + β with γ one scale per input channel (per feature for flat inputs) and β
+one shift per input element. `identity_input_transform` builds it (γ = 1, β = 0) and
+`apply_input_transform` applies whatever ``input_transform.*`` entries a parameter dict
+holds, so training (the algorithm) and evaluation (`raydpfl.simulation.evaluation`) share
+one definition.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 from raydpfl.models.zoo import register_model
+
+#: Parameter-name prefix of a personalised input transformation (PRIVATEFL).
+INPUT_TRANSFORM = "input_transform"
+TRANSFORM_SCALE = f"{INPUT_TRANSFORM}.scale"
+TRANSFORM_SHIFT = f"{INPUT_TRANSFORM}.shift"
+
+
+def identity_input_transform(
+    input_shape: tuple[int, ...], device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """PRIVATEFL's transformation at its identity: γ = 1 per channel, β = 0 per element."""
+    shape = tuple(int(d) for d in input_shape)
+    return {
+        TRANSFORM_SCALE: torch.ones(shape[0], device=device),
+        TRANSFORM_SHIFT: torch.zeros(shape, device=device),
+    }
+
+
+def apply_input_transform(
+    x: torch.Tensor, params: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(γ ⊙ x + β, the other entries): applies the ``input_transform.*`` entries of `params`
+    to a batch `x` of shape (B, C, ...) and returns the remaining (model) entries. Without
+    such entries, `x` and `params` come back unchanged (the same objects)."""
+    if TRANSFORM_SCALE not in params:
+        return x, params
+    scale, shift = params[TRANSFORM_SCALE], params[TRANSFORM_SHIFT]
+    view = scale.reshape(scale.shape[0], *([1] * (shift.dim() - 1)))
+    rest = {n: t for n, t in params.items() if not n.startswith(f"{INPUT_TRANSFORM}.")}
+    return x * view + shift, rest
 
 
 def _pooled(size: int, times: int) -> int:
@@ -195,4 +237,18 @@ register_model("bcs_mnist_cnn", _image("bcs_mnist_cnn", BcsMnistCnn))
 register_model("bcs_lenet5", _image("bcs_lenet5", BcsLeNet5))
 register_model("bcs_femnist_cnn", _image("bcs_femnist_cnn", BcsFemnistCnn))
 register_model("bcs_resnet20", _resnet)
+
+
+def _linreg(input_shape: tuple[int, ...], num_classes: int, **options: int) -> nn.Module:
+    if options:
+        raise ValueError(f"bcs_linreg takes no options, got {sorted(options)}")
+    if num_classes != 1:
+        raise ValueError(
+            f"bcs_linreg is linear regression (one output) for a regression dataset; this "
+            f"dataset has {num_classes} classes"
+        )
+    return BcsLinear(tuple(input_shape), 1)
+
+
 register_model("bcs_linear", _linear)
+register_model("bcs_linreg", _linreg)

@@ -1,7 +1,16 @@
-"""Model evaluation: loss and accuracy of given parameters on held-out records."""
+"""Model evaluation: loss and accuracy of given parameters on held-out records.
+
+The task follows the targets: integer labels are classification (cross-entropy, accuracy);
+floating-point targets are regression (the model has one output; the loss is the squared
+error, so `EvalResult.loss` is the test MSE, and `accuracy` is NaN: a regression run never
+reports an accuracy). A parameter dict may carry a personalised input transformation
+(``input_transform.*`` entries, PRIVATEFL's; `raydpfl.models.dpfl_bcs`), which is applied
+to the inputs before the model.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -9,26 +18,56 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from raydpfl.algorithms.multi_model import GLOBAL_MODEL, model_params
+from raydpfl.models.dpfl_bcs import apply_input_transform
+
 Params = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Summed loss, correct count and number of examples (sums merge across shards)."""
+    """Summed loss, correct count and number of examples (sums merge across shards).
+
+    For a regression evaluation (`regression`), `loss_sum` is the summed squared error and
+    `correct` is 0 and meaningless.
+    """
 
     loss_sum: float
     correct: int
     num_examples: int
+    regression: bool = False
 
     @property
     def loss(self) -> float:
-        """Mean cross-entropy; NaN when there are no examples."""
+        """Mean cross-entropy (regression: mean squared error); NaN without examples."""
         return self.loss_sum / self.num_examples if self.num_examples else float("nan")
 
     @property
     def accuracy(self) -> float:
-        """Fraction correct; NaN when there are no examples."""
+        """Fraction correct; NaN without examples, and always NaN for regression."""
+        if self.regression:
+            return float("nan")
         return self.correct / self.num_examples if self.num_examples else float("nan")
+
+
+def is_regression(y: torch.Tensor) -> bool:
+    """Whether targets `y` are real-valued (regression) rather than class labels."""
+    return y.is_floating_point()
+
+
+def evaluation_params(broadcast: Mapping[str, torch.Tensor], model_key: str) -> Params:
+    """The parameters that score a client whose model is `model_key` in a broadcast.
+
+    ``global``: the whole (single-model) mapping. Any other key: the key's own
+    ``"{model_key}/"`` entries (`model_params`) laid over the unprefixed (shared) entries,
+    so a key may hold a whole model (multi-model algorithms, whose names are all
+    prefixed: unchanged) or only a client's personal part over a shared model (PRIVATEFL:
+    the shared model plus that client's input transformation).
+    """
+    if model_key == GLOBAL_MODEL:
+        return dict(broadcast)
+    shared = {n: t for n, t in broadcast.items() if "/" not in n}
+    return {**shared, **model_params(broadcast, model_key)}
 
 
 @torch.no_grad()
@@ -36,10 +75,25 @@ def evaluate(
     model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048
 ) -> EvalResult:
     """Evaluates `model` with `params` (functionally) on (x, y) in batches."""
+    if is_regression(y):
+        return _evaluate_regression(model, params, x, y, batch_size)
     loss_sum, correct = 0.0, 0
     for start in range(0, x.shape[0], batch_size):
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        logits = functional_call(model, params, (xb,))
+        xb, weights = apply_input_transform(xb, params)
+        logits = functional_call(model, weights, (xb,))
         loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
         correct += int((logits.argmax(1) == yb).sum())
     return EvalResult(loss_sum=loss_sum, correct=correct, num_examples=int(x.shape[0]))
+
+
+def _evaluate_regression(
+    model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> EvalResult:
+    loss_sum = 0.0
+    for start in range(0, x.shape[0], batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        xb, weights = apply_input_transform(xb, params)
+        out = functional_call(model, weights, (xb,))
+        loss_sum += float(F.mse_loss(out.reshape(yb.shape), yb, reduction="sum"))
+    return EvalResult(loss_sum=loss_sum, correct=0, num_examples=int(x.shape[0]), regression=True)

@@ -440,6 +440,7 @@ def _pooled(per_client: Sequence[EvalResult]) -> EvalResult:
         loss_sum=float(sum(e.loss_sum for e in per_client)),
         correct=int(sum(e.correct for e in per_client)),
         num_examples=int(sum(e.num_examples for e in per_client)),
+        regression=any(e.regression for e in per_client),
     )
 
 

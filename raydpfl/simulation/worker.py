@@ -24,12 +24,12 @@ from raydpfl.algorithms.base import (
     ClientTask,
     WeightedUpdateSum,
 )
-from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL, model_params
+from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.models import build_model
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.dpsgd import make_engine
-from raydpfl.simulation.evaluation import EvalResult, evaluate
+from raydpfl.simulation.evaluation import EvalResult, evaluate, evaluation_params
 from raydpfl.simulation.seeding import torch_generator
 
 Params = dict[str, torch.Tensor]
@@ -231,7 +231,7 @@ class ClientWorker:
         """Evaluates `params` on each client's held-out test records.
 
         `model_keys[k]` names the model that scores `client_ids[k]` in a multi-model
-        broadcast (see `model_params`); None scores every client with the single model.
+        broadcast (see `evaluation_params`); None scores every client with the single model.
         """
         broadcast = {n: t.to(self.device) for n, t in params.items()}
         if model_keys is not None and len(model_keys) != len(client_ids):
@@ -239,6 +239,7 @@ class ClientWorker:
         out = []
         for k, c in enumerate(client_ids):
             idx = self.client_test[c]
-            chosen = broadcast if model_keys is None else model_params(broadcast, model_keys[k])
+            key = model_keys[k] if model_keys is not None else None
+            chosen = broadcast if key is None else evaluation_params(broadcast, key)
             out.append(evaluate(self.model, chosen, self.x[idx], self.y[idx]))
         return out

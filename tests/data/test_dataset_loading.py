@@ -156,4 +156,4 @@ def test_digits_loads_with_deterministic_stratified_split() -> None:
 
 
 def test_datasets_constant_lists_supported_names() -> None:
-    assert DATASETS == ("mnist", "fashion_mnist", "cifar10", "digits")
+    assert DATASETS == ("mnist", "fashion_mnist", "cifar10", "digits", "diabetes")

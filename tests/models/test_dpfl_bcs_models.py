@@ -14,6 +14,7 @@ from raydpfl.models import build_model, num_parameters
     ("name", "shape", "classes", "count"),
     [
         ("bcs_linear", (10,), 1, 11),
+        ("bcs_linreg", (10,), 1, 11),  # Lending Club's linear regression (diabetes: 10 features)
         ("bcs_mnist_cnn", (1, 28, 28), 10, 4_266),
         ("bcs_lenet5", (1, 28, 28), 10, 61_706),
         ("bcs_femnist_cnn", (1, 28, 28), 62, 67_026),
@@ -38,3 +39,10 @@ def test_models_are_config_names_and_reject_options():
     config_from_dict({"experiment": {"model": {"name": "bcs_lenet5"}}})
     with pytest.raises(ValueError, match="options"):
         build_model("bcs_lenet5", (1, 28, 28), 10, hidden=3)
+
+
+def test_linreg_is_a_one_output_regression_model():
+    with pytest.raises(ValueError, match="regression"):
+        build_model("bcs_linreg", (10,), 3)
+    model = build_model("bcs_linreg", (10,), 1)
+    assert [n for n, _ in model.named_parameters()] == ["linear.weight", "linear.bias"]

@@ -6,9 +6,16 @@ algorithm, so every compared algorithm sees the same budgets (§11.3); or given 
 `budgets`. Under Laplace δ_n = 0. The ledger holds each client's own (ε_n, δ_n) and charges
 every release before dispatch.
 
-Not built here (left out, see the report): linear regression on a regression dataset. The
-datasets (`FederatedDataset.y` int64 labels), the worker's evaluation (accuracy and
-cross-entropy) and the client loss would all need a regression mode outside these files.
+PRIVATEFL (``bcs_privatefl``, uniform) and PRIVATEFL-BCS (``bcs_privatefl_bcs``, biased
+selection) are `raydpfl.algorithms.privatefl.PrivateFl`: each client's model is the shared
+model composed with its own input transformation, scored on the client's own test split, so
+they need ``data.client_test_fraction > 0``.
+
+Regression (the paper's convex case): a dataset with float targets (``diabetes``, the
+offline stand-in for Lending Club) with the ``bcs_linreg`` model; the client step uses the
+squared error, Θ defaults to `REGRESSION_LOSS_BOUND`, and the run reports test MSE as
+``test_loss`` (``test_accuracy`` stays NaN; the summary's accuracy fields are null and its
+``task`` entry says so); PRIVATEFL's pooled per-client figures are test MSE as well.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from torch import nn
 from raydpfl.algorithms import dpfl_bcs_theory as th
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.algorithms.dpfl_bcs import BcsFedSgd, DpflBcs
+from raydpfl.algorithms.privatefl import PrivateFl
+from raydpfl.config.dpfl_bcs import REGRESSION_LOSS_BOUND
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.privacy.accountants import describe_accountant
@@ -111,7 +120,8 @@ def build(
     mechanism = _PINNED.get(name, cfg.mechanism)
     if mechanism in ("gaussian", "laplace") and cfg.mechanism != mechanism:
         raise ConfigError(f"{_FIELD}.mechanism", f"{name} uses the {mechanism} mechanism only")
-    if name == "dpfl_bcs" and cfg.stage1_rounds >= algo.rounds:
+    biased = name in ("dpfl_bcs", "bcs_privatefl_bcs")  # DPFL-BCS's two-stage selection
+    if biased and cfg.stage1_rounds >= algo.rounds:
         raise ConfigError(
             f"{_FIELD}.stage1_rounds",
             f"must be < experiment.algorithm.rounds ({algo.rounds}), got {cfg.stage1_rounds}",
@@ -126,7 +136,18 @@ def build(
                 f"{_FIELD}.delta_max",
                 f"delta_n must be < 1/D_n; client {int(bad[0])} has D_n = {int(sizes[bad[0]])}",
             )
-    loss_bound = cfg.loss_bound if cfg.loss_bound is not None else math.log(dataset.num_classes)
+    regression = bool(np.issubdtype(dataset.y.dtype, np.floating))
+    privatefl = name in ("bcs_privatefl", "bcs_privatefl_bcs")
+    if privatefl and exp.data.client_test_fraction <= 0:
+        raise ConfigError(
+            "experiment.data.client_test_fraction",
+            f"{name} scores each client's personalised model on the client's own test "
+            "split; must be > 0",
+        )
+    if cfg.loss_bound is not None:
+        loss_bound = cfg.loss_bound
+    else:
+        loss_bound = REGRESSION_LOSS_BOUND if regression else math.log(dataset.num_classes)
     fixed = None
     if cfg.constants == "table3":
         key = (cfg.table3_dataset or exp.data.dataset, mechanism)
@@ -168,11 +189,20 @@ def build(
         server_momentum=cfg.server_momentum,
         pfa_public_fraction=cfg.pfa_public_fraction,
         pfa_rank=cfg.pfa_rank,
+        regression=regression,
     )
     aggregation = {"bcs_weiavg": "weiavg", "bcs_pfa": "pfa"}.get(name, "mean")
     try:
         if name == "bcs_fedsgd":
             algorithm: DpflBcs = BcsFedSgd(**common, selection="uniform")
+        elif privatefl:
+            algorithm = PrivateFl(
+                **common,
+                input_shape=dataset.input_shape,
+                train_transform=cfg.privatefl_train_transform,
+                selection="bcs" if biased else "uniform",
+                stage1_rounds=cfg.stage1_rounds,
+            )
         else:
             algorithm = DpflBcs(
                 **common,
@@ -192,9 +222,16 @@ def build(
             "epsilons": [float(e) for e in eps],
             "deltas": [float(d) for d in deltas],
             "train_sizes": [int(s) for s in sizes],
-            "plan_stage1" if name == "dpfl_bcs" else "plan": [int(t) for t in algorithm.tplan],
+            "plan_stage1" if biased else "plan": [int(t) for t in algorithm.tplan],
         }
     }
+    if privatefl:
+        meta["dpfl_bcs"]["privatefl_train_transform"] = cfg.privatefl_train_transform
+    if regression:
+        meta["task"] = (
+            "regression: test_loss is the test MSE (standardised target units, lower is "
+            "better); accuracy is not defined (test_accuracy NaN, final_test_accuracy null)"
+        )
     if mechanism == "none":
         meta["unit"] = "none: non-private run (epsilon is infinite)"
         return algorithm, None, meta
