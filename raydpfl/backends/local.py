@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from raydpfl.algorithms.base import ClientResult, ClientTask, WeightedUpdateSum
+from raydpfl.backends.allocator import tune_allocator
 from raydpfl.backends.base import Backend
 from raydpfl.simulation.evaluation import EvalResult
 from raydpfl.simulation.worker import ClientWorker
@@ -28,6 +29,7 @@ class LocalBackend(Backend):
     def __init__(self, worker: ClientWorker, threads: int) -> None:
         self.worker = worker
         self.threads = threads
+        tune_allocator()  # this process trains: keep freed step buffers (allocator.py)
 
     def run_tasks(
         self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]

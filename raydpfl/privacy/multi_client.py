@@ -558,15 +558,10 @@ class _GroupedBookkeeping:
         out: Params = {}
         if rec.per_sample is not None:  # kept (C·B, q, p) per-sample weight gradients
             ps = rec.per_sample.reshape(c, b, -1)
-            out["weight"] = torch.bmm(weights.to(ps.dtype).unsqueeze(1), ps).view(
-                c, *m.weight.shape
-            )
-            if m.bias is not None:
-                out["bias"] = (
-                    gw.flatten(2).sum(2).view(c, b, -1).sum(1)
-                    if isinstance(m, nn.Conv2d)
-                    else gw.reshape(c, -1, gw.shape[-1]).sum(1)
-                )
+            w = weights.to(ps.dtype).unsqueeze(1)
+            out["weight"] = self._bk._as_weight(rec, torch.bmm(w, ps), (c,))
+            if m.bias is not None:  # kept (C·B, q) per-sample bias gradients
+                out["bias"] = torch.bmm(w, rec.per_sample_bias.reshape(c, b, -1)).squeeze(1)
         elif isinstance(m, nn.GroupNorm):
             x_hat = F.group_norm(a, m.num_groups, eps=m.eps)
             dims = tuple(range(2, g.dim()))

@@ -10,6 +10,7 @@ import ray
 import torch
 
 from raydpfl.algorithms.base import Algorithm
+from raydpfl.backends.allocator import tune_allocator
 from raydpfl.simulation.worker import ClientWorker, ModelSpec
 
 
@@ -34,6 +35,7 @@ class RayClientWorker(ClientWorker):
         threads: int,
     ) -> None:
         torch.set_num_threads(threads)
+        tune_allocator()  # reuse freed step buffers instead of faulting pages in again
         dataset = ray.get(dataset_box[0])
         super().__init__(algorithm, model_spec, dataset, run_seed, device, engine, vectorise)
 

@@ -23,6 +23,7 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raydpfl.backends.allocator import tune_allocator
 from raydpfl.backends.ray.backend import RayBackend
 from raydpfl.config.schema import ConfigError, RuntimeConfig
 from raydpfl.simulation.build import Experiment, make_server
@@ -38,6 +39,7 @@ class ServerHost:
         rt = exp.config.runtime
         # Evaluation runs here while the workers wait between rounds: use the node's cores.
         torch.set_num_threads(rt.threads or len(os.sched_getaffinity(0)))
+        tune_allocator()
         dataset_ref = dataset_box[0]  # boxed so it arrives as a reference, not a copy
         exp = dataclasses.replace(exp, dataset=ray.get(dataset_ref))
         self.backend = RayBackend(
