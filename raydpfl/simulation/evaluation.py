@@ -4,7 +4,7 @@ The task follows the targets: integer labels are classification (cross-entropy, 
 floating-point targets are regression (the model has one output; the loss is the squared
 error, so `EvalResult.loss` is the test MSE, and `accuracy` is NaN: a regression run never
 reports an accuracy). A parameter dict may carry a personalised input transformation
-(``input_transform.*`` entries, PRIVATEFL's; `raydpfl.models.dpfl_bcs`), which is applied
+(``input_transform.*`` entries, PRIVATEFL's; `raydpfl.models.input_transform`), which is applied
 to the inputs before the model.
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 from torch.func import functional_call
 
 from raydpfl.algorithms.multi_model import GLOBAL_MODEL, model_params
-from raydpfl.models.dpfl_bcs import apply_input_transform
+from raydpfl.models.input_transform import apply_input_transform
 
 Params = dict[str, torch.Tensor]
 
