@@ -677,30 +677,46 @@ class DpflBcs(Algorithm):
             return laplace_noise(shape, scale, ctx.generator, ctx.device)
         return torch.randn(shape, generator=ctx.generator, device=ctx.device) * scale
 
-    def local_update(
-        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
-    ) -> ClientResult:
-        x, y = data.batch(torch.arange(data.num_examples, device=data.indices.device))
+    def _noisy_step(
+        self,
+        ctx: ClientContext,
+        trainable: Params,
+        const: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        task: ClientTask,
+    ) -> tuple[Params, dict[str, float]]:
+        """The released step η_t·(clipped mean gradient) + noise for every `trainable`
+        coordinate (`const` enters the forward pass only), and in stage 1 the two noisy loss
+        reports of the same release. The caller applies −step to what it owns."""
         lr = task.lr
-        mean_grad = self._clipped_mean(ctx, params, x, y)
+        mean_grad = self._clipped_mean(ctx, trainable, x, y, const)
         step = {n: g * lr for n, g in mean_grad.items()}  # g_n^t = η_t·∇F_n
         scale = float(task.extras.get("noise_scale", 0.0))
         metrics: dict[str, float] = {}
         if task.extras.get("stage1", 0.0):
-            before = self._mean_clipped_loss(ctx, params, x, y)
-            local = {n: params[n].detach() - step[n] for n in params}
+            model = {**trainable, **const}
+            before = self._mean_clipped_loss(ctx, model, x, y)
+            local = {n: t.detach() - step[n] if n in step else t for n, t in model.items()}
             after = self._mean_clipped_loss(ctx, local, x, y)
             # The two losses are coordinates d+1, d+2 of the same release (Eq. 13, Alg. 2).
             noise = self._noise(torch.Size([2]), scale, ctx) if scale > 0 else torch.zeros(2)
             metrics["loss_before"] = (lr * before + float(noise[0])) / lr
             metrics["loss_after"] = (lr * after + float(noise[1])) / lr
-        update = {}
-        for name, g in step.items():
-            noisy = g + self._noise(g.shape, scale, ctx) if scale > 0 else g
-            update[name] = -noisy
+        noisy = {
+            name: g + self._noise(g.shape, scale, ctx) if scale > 0 else g
+            for name, g in step.items()
+        }
+        return noisy, metrics
+
+    def local_update(
+        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
+    ) -> ClientResult:
+        x, y = data.batch(torch.arange(data.num_examples, device=data.indices.device))
+        noisy, metrics = self._noisy_step(ctx, params, {}, x, y, task)
         return ClientResult(
             client_id=task.client_id,
-            update=update,
+            update={name: -g for name, g in noisy.items()},
             weight=1.0,
             num_examples=data.num_examples,
             metrics=metrics,

@@ -176,36 +176,22 @@ class PrivateFl(DpflBcs):
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
         x, y = data.batch(torch.arange(data.num_examples, device=data.indices.device))
-        lr = task.lr
         transform = (
             {n: t.to(ctx.device) for n, t in task.payload.items()}
             if task.payload
             else identity_input_transform(self.input_shape, ctx.device)
         )
-        shared = dict(params)
         # Shared parameters first, so the noise draws on them come in DPSGD's order.
-        trainable = {**shared, **transform} if self.train_transform else shared
+        trainable = {**params, **transform} if self.train_transform else dict(params)
         const = {} if self.train_transform else transform
-        mean_grad = self._clipped_mean(ctx, trainable, x, y, const)
-        step = {n: g * lr for n, g in mean_grad.items()}
-        scale = float(task.extras.get("noise_scale", 0.0))
-        metrics: dict[str, float] = {}
-        if task.extras.get("stage1", 0.0):
-            model_before = {**trainable, **const}
-            before = self._mean_clipped_loss(ctx, model_before, x, y)
-            local = {n: t.detach() - step[n] if n in step else t for n, t in model_before.items()}
-            after = self._mean_clipped_loss(ctx, local, x, y)
-            noise = self._noise(torch.Size([2]), scale, ctx) if scale > 0 else torch.zeros(2)
-            metrics["loss_before"] = (lr * before + float(noise[0])) / lr
-            metrics["loss_after"] = (lr * after + float(noise[1])) / lr
+        noisy, metrics = self._noisy_step(ctx, trainable, const, x, y, task)
         update: Params = {}
         new_transform = {n: t.detach().clone() for n, t in transform.items()}
-        for name, g in step.items():
-            noisy = g + self._noise(g.shape, scale, ctx) if scale > 0 else g
+        for name, g in noisy.items():
             if name.startswith(f"{INPUT_TRANSFORM}."):
-                new_transform[name] = transform[name].detach() - noisy  # stays on the client
+                new_transform[name] = transform[name].detach() - g  # stays on the client
             else:
-                update[name] = -noisy  # the upload
+                update[name] = -g  # the upload
         return PrivateFlResult(
             client_id=task.client_id,
             update=update,

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from raydpfl.config._base import _check
+from raydpfl.config._base import ConfigError, _check
 
 #: Θ for a regression dataset when `loss_bound` is null: the paper's Θ = 150 %² for Lending
 #: Club is about 8 times its label variance (≈ 19 %², spec §11.1); targets are standardised
@@ -56,22 +56,19 @@ def check_task(dataset: str, model: str, algorithm: str) -> None:
     algorithm outside this section (only DPFL-BCS's client step has an MSE loss). Raises
     ConfigError naming ``model.name`` or ``algorithm.name`` (under ``experiment.``)."""
     if model in REGRESSION_MODELS and dataset not in REGRESSION_DATASETS:
-        _check(
-            False,
+        raise ConfigError(
             "model.name",
             f"{model} is a regression model (one output, MSE loss); data.dataset {dataset!r} "
             f"is a classification dataset; regression datasets: {list(REGRESSION_DATASETS)}",
         )
     if dataset in REGRESSION_DATASETS and model not in REGRESSION_MODELS:
-        _check(
-            False,
+        raise ConfigError(
             "model.name",
             f"data.dataset {dataset!r} is a regression dataset (real-valued targets); "
             f"{model} is a classifier; use one of {list(REGRESSION_MODELS)}",
         )
     if dataset in REGRESSION_DATASETS and algorithm not in NAMES:
-        _check(
-            False,
+        raise ConfigError(
             "algorithm.name",
             f"{algorithm} has no regression (MSE) loss; data.dataset {dataset!r} needs one of "
             f"{list(NAMES)}",

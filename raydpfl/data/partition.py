@@ -475,7 +475,7 @@ def partition_stats(
             >= num_classes.
     """
     if np.issubdtype(np.asarray(labels).dtype, np.floating):  # regression: quantile bins
-        labels, num_classes = _strata(labels), max(int(num_classes), LABEL_BINS)
+        labels, num_classes = quantile_bins(labels), max(int(num_classes), LABEL_BINS)
     labels = check_labels(labels)
     num_classes = check_int("num_classes", num_classes, 1)
     if len(parts) == 0:

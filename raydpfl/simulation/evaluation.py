@@ -75,25 +75,17 @@ def evaluate(
     model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048
 ) -> EvalResult:
     """Evaluates `model` with `params` (functionally) on (x, y) in batches."""
-    if is_regression(y):
-        return _evaluate_regression(model, params, x, y, batch_size)
+    regression = is_regression(y)
     loss_sum, correct = 0.0, 0
     for start in range(0, x.shape[0], batch_size):
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]
         xb, weights = apply_input_transform(xb, params)
-        logits = functional_call(model, weights, (xb,))
-        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    return EvalResult(loss_sum=loss_sum, correct=correct, num_examples=int(x.shape[0]))
-
-
-def _evaluate_regression(
-    model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> EvalResult:
-    loss_sum = 0.0
-    for start in range(0, x.shape[0], batch_size):
-        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        xb, weights = apply_input_transform(xb, params)
         out = functional_call(model, weights, (xb,))
-        loss_sum += float(F.mse_loss(out.reshape(yb.shape), yb, reduction="sum"))
-    return EvalResult(loss_sum=loss_sum, correct=0, num_examples=int(x.shape[0]), regression=True)
+        if regression:
+            loss_sum += float(F.mse_loss(out.reshape(yb.shape), yb, reduction="sum"))
+        else:
+            loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(1) == yb).sum())
+    return EvalResult(
+        loss_sum=loss_sum, correct=correct, num_examples=int(x.shape[0]), regression=regression
+    )
