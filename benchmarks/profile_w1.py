@@ -56,7 +56,6 @@ def _instrument() -> None:
     import raydpfl.algorithms.base as base
     import raydpfl.algorithms.dp_fedavg as dp_fedavg
     import raydpfl.privacy.bookkeeping as bk
-    import raydpfl.privacy.dpsgd as dpsgd
     import raydpfl.simulation.worker as worker
 
     def layer(rec: Any, *_: Any) -> str:
@@ -67,14 +66,14 @@ def _instrument() -> None:
     _wrap(bk, "_positions", "patch extraction (Conv2d unfold)")
     _wrap(bk, "_norm_sq", None, lambda rec, *a: f"per-sample norms: {layer(rec)}")
     _wrap(bk, "_weighted_grads", None, lambda rec, *a: f"weighted gradient sum: {layer(rec)}")
-    _wrap(dpsgd, "add_gaussian_noise", "Gaussian noise (randn + add)")
     _wrap(dp_fedavg, "poisson_sample", "Poisson sampling")
     _wrap(base.ClientData, "batch", "batch gather (index_select)")
     _wrap(worker.ClientWorker, "load_params", "parameter copy-in")
     _wrap(dp_fedavg, "parameter_delta", "update out (local − start)")
     _wrap(dp_fedavg, "dp_sgd_local_update", "client loop rest (SGD step, clones, Python)")
     _wrap(bk.BookkeepingClipping, "clipped_sum", "engine rest (weights, stats, Python)")
-    _wrap(dpsgd, "dp_sgd_gradient", "÷ expected batch")
+    # the noise draws and the fused update p -= (lr/B)(s + σC z); the engine's part nested
+    _wrap(dp_fedavg, "dp_sgd_step_", "Gaussian noise + update (randn, 2 adds per tensor)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 import raydpfl.algorithms.ali_dpfl as ali_dpfl  # noqa: E402
 import raydpfl.algorithms.dp_fedavg as dp_fedavg  # noqa: E402
 from raydpfl.config import config_from_dict  # noqa: E402
+from raydpfl.privacy.dpsgd import dp_sgd_gradient  # noqa: E402
 from raydpfl.simulation.build import build_experiment, run_experiment  # noqa: E402
 
 SETTINGS = {
@@ -65,7 +66,7 @@ def code_client_step(keep: bool, noise_seed: int):
         n = data.num_examples
         for _ in range(task.local_steps):
             x, y = data.batch(dp_fedavg.poisson_sample(n, task.sampling_rate, ctx.generator))
-            clipped_sum, _stats = dp_fedavg.dp_sgd_gradient(
+            clipped_sum, _stats = dp_sgd_gradient(
                 ctx.clipping,
                 params,
                 x,

@@ -38,7 +38,7 @@ from raydpfl.algorithms.base import (
     uniform_cohort,
 )
 from raydpfl.privacy import multi_client
-from raydpfl.privacy.dpsgd import dp_sgd_gradient, poisson_sample
+from raydpfl.privacy.dpsgd import dp_sgd_step_, poisson_sample
 from raydpfl.privacy.ledger import PrivacyCost
 
 #: DP-SGD divisor of the noisy clipped sum (see `dp_sgd_local_update`).
@@ -245,18 +245,17 @@ def dp_sgd_local_update(
             divisor = fixed_divisor
         else:
             divisor = float(positions.numel())
-        grad, stats = dp_sgd_gradient(
+        stats = dp_sgd_step_(
             ctx.clipping,
             params,
             x,
             y,
+            lr=task.lr,
             clip_norm=task.clip_norm,
             noise_multiplier=task.noise_multiplier,
             expected_batch_size=divisor,
             generator=ctx.generator,
         )
-        for name, p in params.items():
-            p.sub_(grad[name], alpha=task.lr)
         if last:
             metrics["last_step_loss_change"] = _batch_loss(ctx.model, params, x, y) - before
         batch_sizes.append(stats.batch_size)

@@ -11,7 +11,7 @@
 
 Every client half is the one local loop `local_sgd`: non-private minibatch SGD, or (the
 ``dp_`` variants) DP-SGD steps with Poisson sampling, per-sample clipping at C and
-Gaussian noise σC (`raydpfl.privacy.dpsgd.dp_sgd_gradient`), one step per round in the
+Gaussian noise σC (`raydpfl.privacy.dpsgd.dp_sgd_step_`), one step per round in the
 paper's DP setting. Algorithm-specific terms (proximal, control variate, dynamic
 regulariser) are added to the privatised gradient; they depend on the client's data only
 through its earlier DP releases, so they are post-processing and each DP task costs
@@ -46,7 +46,7 @@ from raydpfl.algorithms.base import (
     uniform_cohort,
 )
 from raydpfl.algorithms.fedfdp_theory import next_loss_clip_bound, private_mean_loss
-from raydpfl.privacy.dpsgd import WeightRule, dp_sgd_gradient, poisson_sample
+from raydpfl.privacy.dpsgd import WeightRule, dp_sgd_step_, poisson_sample
 from raydpfl.privacy.ledger import PrivacyCost
 
 #: A client-side gradient correction: (current params, start params, payload) → term.
@@ -134,16 +134,19 @@ def local_sgd(
         order = torch.randperm(n, generator=ctx.generator, device=ctx.generator.device)
         cursor = 0
     for _ in range(task.local_steps):
+        # the correction at the step's starting point (it draws no randomness)
+        extra = correction(params, start, payload) if correction is not None else None
         if private:
             assert task.sampling_rate is not None and task.clip_norm is not None
             positions = poisson_sample(n, task.sampling_rate, ctx.generator)
             x, y = data.batch(positions)
             divisor = task.sampling_rate * n if normalizer == "expected" else fixed_divisor
-            grad, stats = dp_sgd_gradient(
+            stats = dp_sgd_step_(  # w ← w − η·g, g the privatised gradient
                 ctx.clipping,
                 params,
                 x,
                 y,
+                lr=task.lr,
                 clip_norm=task.clip_norm,
                 noise_multiplier=task.noise_multiplier,
                 expected_batch_size=divisor,
@@ -163,11 +166,13 @@ def local_sgd(
             if loss_scale is not None:
                 factor = loss_scale(loss)
                 grad = {k: g * factor for k, g in grad.items()}
-        extra = correction(params, start, payload) if correction is not None else None
-        with torch.no_grad():
-            for name, p in params.items():
-                step = grad[name] if extra is None else grad[name] + extra[name]
-                p.sub_(step, alpha=task.lr)
+            with torch.no_grad():
+                for name, p in params.items():
+                    p.sub_(grad[name], alpha=task.lr)
+        if extra is not None:  # w ← w − η·correction
+            with torch.no_grad():
+                for name, p in params.items():
+                    p.sub_(extra[name], alpha=task.lr)
     if private:
         metrics["mean_batch_size"] = float(np.mean(sizes)) if sizes else 0.0
         metrics["clipped_fraction"] = float(np.mean(clipped)) if clipped else 0.0

@@ -142,6 +142,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return _convert(non_none[0], value, path)
     if origin is Literal:
         allowed = typing.get_args(tp)
+        if isinstance(value, bool) and {"on", "off"} <= set(allowed):
+            # YAML 1.1 reads unquoted on/off as booleans: take them as the words written.
+            value = "on" if value else "off"
         if value not in allowed:
             raise ConfigError(
                 path, f"must be one of {', '.join(map(str, allowed))}; got {value!r}"

@@ -39,6 +39,7 @@ from raydpfl.models.input_transform import (  # noqa: F401  (re-exported)
     apply_input_transform,
     identity_input_transform,
 )
+from raydpfl.models.layers import MaxPool2d
 from raydpfl.models.zoo import register_model
 
 
@@ -57,10 +58,10 @@ class BcsMnistCnn(nn.Module):
         self.features = nn.Sequential(
             nn.Conv2d(c, 4, 3, padding=1),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.Conv2d(4, 8, 3, padding=1),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.Flatten(),
         )
         self.classifier = nn.Linear(8 * _pooled(h, 2) * _pooled(w, 2), num_classes)
@@ -78,10 +79,10 @@ class BcsLeNet5(nn.Module):
         self.features = nn.Sequential(
             nn.Conv2d(c, 6, 5, padding=2),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.Conv2d(6, 16, 5),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.Flatten(),
         )
         flat = 16 * ((_pooled(h, 1) - 4) // 2) * ((_pooled(w, 1) - 4) // 2)
@@ -107,11 +108,11 @@ class BcsFemnistCnn(nn.Module):
             nn.Conv2d(c, 16, 5, padding=2),
             nn.GroupNorm(4, 16),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.Conv2d(16, 8, 5, padding=2),
             nn.GroupNorm(2, 8),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.Flatten(),
         )
         self.classifier = nn.Sequential(

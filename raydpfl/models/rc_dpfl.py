@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from raydpfl.models.layers import MaxPool2d
 from raydpfl.models.zoo import register_model
 
 
@@ -26,10 +27,10 @@ class RcCNN(nn.Module):
         self.features = nn.Sequential(
             nn.Conv2d(channels, 16, kernel_size=5, stride=1, padding=2),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.Conv2d(16, 32, kernel_size=5, stride=1, padding=2),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.Flatten(),
         )
         self.classifier = nn.Linear(32 * (height // 4) * (width // 4), num_classes)
@@ -73,7 +74,7 @@ class RcResNet18(nn.Module):
             nn.Conv2d(channels, 64, 7, 2, 3, bias=False),
             _norm(64, groups),
             nn.ReLU(),
-            nn.MaxPool2d(3, 2, 1),
+            MaxPool2d(3, 2, 1),
         )
         layers, cin = [], 64
         for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):

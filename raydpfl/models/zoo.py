@@ -15,6 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from raydpfl.models.layers import MaxPool2d
+
 
 class FedAvgCNN(nn.Module):
     """The FedAvg CNN of McMahan et al. (2017) as used by ALI-DPFL and FedFDP (PFLlib).
@@ -38,7 +40,7 @@ class FedAvgCNN(nn.Module):
             )
         self.fc1 = nn.Linear(64 * flat_h * flat_w, 512)
         self.fc = nn.Linear(512, num_classes)
-        self.pool = nn.MaxPool2d(2)
+        self.pool = MaxPool2d(2)
         self.relu = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -268,3 +268,46 @@ def dp_sgd_gradient(
     for t in summed.values():
         t.div_(expected_batch_size)
     return summed, stats
+
+
+def dp_sgd_step_(
+    engine: ClippedSumEngine,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    lr: float,
+    clip_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator,
+    weight_rule: WeightRule | None = None,
+) -> StepStats:
+    """One DP-SGD step in place: params ← params − lr · `dp_sgd_gradient(...)`.
+
+    The same clipped sum and the same noise draws (one ``randn`` per tensor, in
+    parameter order, from `generator`), applied as p ← p − (lr/B)·s − (lr·σC/B)·z:
+    equal to subtracting the privatised gradient up to float rounding, with two passes
+    over each parameter instead of four (the noisy sum, the division and the update are
+    not formed separately). The privacy argument is unchanged: the update is a
+    post-processing of Σ a_i g_i + N(0, σ²C²I).
+    """
+    if clip_norm <= 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    if expected_batch_size <= 0:
+        raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
+    std = noise_multiplier * clip_norm
+    if std < 0:
+        raise ValueError(f"noise std must be >= 0, got {std}")
+    rule = (
+        weight_rule if weight_rule is not None else (lambda norms: clip_weights(norms, clip_norm))
+    )
+    summed, stats = engine.clipped_sum(params, x, y, rule)
+    scale = lr / expected_batch_size
+    for name, s in summed.items():  # the engine returns the caller's parameter order
+        p = params[name]
+        p.add_(s, alpha=-scale)
+        if std > 0:
+            noise = torch.randn(s.shape, generator=generator, device=s.device, dtype=s.dtype)
+            p.add_(noise, alpha=-scale * std)
+    return stats

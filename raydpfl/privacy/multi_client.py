@@ -263,9 +263,12 @@ class MultiClientDPSGD:
         ref = next(iter(params.values()))
         device, dtype = ref.device, ref.dtype
         sizes = [int(i.numel()) for i in client_indices]
-        # Same float32 value as the sequential path's Python-float divisor q·|D_i|.
-        divisors = torch.tensor([sampling_rate * n for n in sizes], dtype=dtype, device=device)
         std = noise_multiplier * clip_norm
+        # The sequential step's scales lr/(q·|D_i|) and lr·σC/(q·|D_i|), computed as it
+        # computes them (Python floats), then cast to the parameters' dtype.
+        scales = [lr / (sampling_rate * n) for n in sizes]
+        step_scale = torch.tensor(scales, dtype=dtype, device=device)
+        noise_scale = torch.tensor([a * std for a in scales], dtype=dtype, device=device)
         all_rows = torch.cat([i.to(device) for i in client_indices])
         owner = torch.repeat_interleave(
             torch.arange(c, device=device), torch.tensor(sizes, device=device)
@@ -314,14 +317,15 @@ class MultiClientDPSGD:
             clipped[:, step] = torch.where(
                 counts_cpu > 0, clipped_cpu.double() / counts_cpu.clamp(min=1).double(), 0.0
             )
-            # noise on each client's own sum, its own divisor, SGD step
+            # each client's SGD step on its own noisy sum over its own q·|D_i|, fused as
+            # in `dp_sgd_step_`: p ← p − (lr/B)·s − (lr·σC/B)·z
             if stacked is None:
                 stacked = {n: p.unsqueeze(0).repeat(c, *([1] * p.dim())) for n, p in start.items()}
             for name, s in summed.items():
+                shape = (-1, *([1] * (s.dim() - 1)))
+                stacked[name].addcmul_(s, step_scale.view(shape), value=-1)
                 if noise is not None:
-                    s.add_(noise[name], alpha=std)
-                s.div_(divisors.view(-1, *([1] * (s.dim() - 1))))
-                stacked[name].sub_(s, alpha=lr)
+                    stacked[name].addcmul_(noise[name], noise_scale.view(shape), value=-1)
         if stacked is None:  # τ = 0
             updates = {
                 n: torch.zeros((c, *p.shape), dtype=p.dtype, device=device)

@@ -136,6 +136,17 @@ def test_dotted_overrides_with_and_without_experiment_prefix():
     assert config.experiment.privacy.noise_multiplier is None
 
 
+def test_unquoted_on_off_are_the_words_not_booleans(tmp_path):
+    # YAML 1.1 reads `on` / `off` as true / false; a choice field that offers the words
+    # takes them as written, in a file and in an override.
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  vectorise_clients: off\n")
+    assert load_config(path).runtime.vectorise_clients == "off"
+    assert config_from_dict({}, ["runtime.vectorise_clients=on"]).runtime.vectorise_clients == "on"
+    # a field without those words still refuses a boolean, naming the choices
+    assert "must be one of" in str(_err({}, ["runtime.engine=on"]))
+
+
 def test_bad_overrides_are_rejected():
     assert "key=value" in str(_err({}, ["privacy.epsilon"]))
     assert _err({}, ["privacy.nope=1"]).field == "experiment.privacy.nope"

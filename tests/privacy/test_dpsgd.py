@@ -9,6 +9,7 @@ from raydpfl.privacy.dpsgd import (
     add_gaussian_noise,
     clip_weights,
     dp_sgd_gradient,
+    dp_sgd_step_,
     per_sample_norms,
     poisson_sample,
 )
@@ -186,3 +187,47 @@ def test_invalid_step_arguments_are_rejected(bad):
 
     with pytest.raises(ValueError, match=next(iter(bad))):
         dp_sgd_gradient(PerSampleGradients(model), params, x, y, **kwargs)
+
+
+@pytest.mark.parametrize("engine_kind", ["vmap", "bookkeeping"])
+@pytest.mark.parametrize("sigma", [0.0, 1.5])
+def test_fused_step_equals_subtracting_the_privatised_gradient(engine_kind, sigma):
+    from raydpfl.privacy.dpsgd import make_engine
+
+    model, params, x, y = _model_and_batch(9)
+    engine = make_engine(model, engine_kind)
+    kwargs = dict(clip_norm=0.5, noise_multiplier=sigma, expected_batch_size=3.0)
+    g_ref, g_fused = _gen(11), _gen(11)
+
+    grad, ref_stats = dp_sgd_gradient(engine, params, x, y, generator=g_ref, **kwargs)
+    expected = {k: p - 0.3 * grad[k] for k, p in params.items()}
+    fused = {k: p.clone() for k, p in params.items()}
+    stats = dp_sgd_step_(engine, fused, x, y, lr=0.3, generator=g_fused, **kwargs)
+
+    for k in params:
+        torch.testing.assert_close(fused[k], expected[k], rtol=1e-6, atol=1e-6)
+    assert stats == ref_stats
+    # the same draws were consumed: both generators are left in the same state
+    assert torch.equal(g_ref.get_state(), g_fused.get_state())
+    if sigma > 0:  # the noise is really there (not a silent no-op)
+        clean = {k: p.clone() for k, p in params.items()}
+        dp_sgd_step_(
+            engine, clean, x, y, lr=0.3, generator=_gen(11), **{**kwargs, "noise_multiplier": 0.0}
+        )
+        assert not all(torch.allclose(clean[k], fused[k]) for k in params)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (dict(clip_norm=0.0), "clip_norm"),
+        (dict(expected_batch_size=0.0), "expected_batch_size"),
+        (dict(noise_multiplier=-1.0), "noise std"),
+    ],
+)
+def test_fused_step_rejects_invalid_arguments(bad, message):
+    model, params, x, y = _model_and_batch(2)
+    kwargs = dict(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=1.0, generator=_gen())
+    kwargs.update(bad)
+    with pytest.raises(ValueError, match=message):
+        dp_sgd_step_(PerSampleGradients(model), params, x, y, lr=0.1, **kwargs)
