@@ -5,7 +5,8 @@ memory scaling, and the W4 sweep; one table, one JSON.
                                  [--skip w4] [--quick]
 
 - W1, W2, W3: `benchmarks/workloads.py` (each runner in its own sampled subprocess,
-  same batches everywhere), once per engine in `--engines`.
+  same batches everywhere; plus the Flower+Opacus peer where its environment exists,
+  see benchmarks/peers/README.md), once per engine in `--engines`.
 - W3 memory: the raydpfl Ray runner on W3 with 10,000 and with 1,000 clients (same
   data, a tenth of the clients per round, so the same records per round); memory per
   client = the difference in peak PSS over the difference in clients. A flat figure
@@ -136,7 +137,7 @@ def table(results: dict[str, Any]) -> list[str]:
     """The one table: per workload and engine, each runner's figures and ratios."""
     head = (
         f"{'workload':<9}{'engine':<12}{'runner':<18}{'s/round':>9}{'samples/s':>11}"
-        f"{'x nonpriv':>10}{'x per-sample':>13}{'peak PSS MiB':>13}"
+        f"{'x nonpriv':>10}{'x per-sample':>13}{'x Flower':>9}{'peak PSS MiB':>13}"
     )
     lines = [head, "-" * len(head)]
     for key, record in results["workloads"].items():
@@ -144,18 +145,22 @@ def table(results: dict[str, Any]) -> list[str]:
         figs = record["figures"]
         floor_np = figs.get("floor_nonprivate", {}).get("seconds_per_round")
         floor_ps = figs.get("floor_per_sample", {}).get("seconds_per_round")
+        peer = figs.get("flower_opacus", {}).get("seconds_per_round")
         for runner, f in figs.items():
             spr = f["seconds_per_round"]
             np_ratio = f"{spr / floor_np:.2f}" if floor_np else "-"
             ps_ratio = f"{floor_ps / spr:.2f}" if floor_ps else "-"
+            peer_ratio = f"{peer / spr:.2f}" if peer else "-"
             lines.append(
                 f"{workload:<9}{engine:<12}{runner:<18}{spr:>9.3f}"
-                f"{f['samples_per_second']:>11.0f}{np_ratio:>10}{ps_ratio:>13}"
+                f"{f['samples_per_second']:>11.0f}{np_ratio:>10}{ps_ratio:>13}{peer_ratio:>9}"
                 f"{f['peak_pss_mib']:>13.0f}"
             )
     lines.append(
-        "(x nonpriv: s/round over the non-private floor's, lower is better; "
-        "x per-sample: the per-sample floor's s/round over this one's, higher is better)"
+        "(x nonpriv: s/round over the non-private floor's, lower is better; x per-sample, "
+        "x Flower: the per-sample floor's / Flower+Opacus's s/round over this one's, higher "
+        "is better; Flower+Opacus runs where benchmarks/peers/setup_env.sh made its "
+        "environment)"
     )
     mem = results.get("w3_memory")
     if mem:

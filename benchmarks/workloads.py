@@ -14,6 +14,12 @@ memory and CPU time (`_proctree.py`):
                      server actor (1 thread) and an idle driver; Ray startup timed apart.
 - floor_nonprivate:  plain forward + backward + SGD on the same batches (`_floors.py`).
 - floor_per_sample:  vmap-of-grad DP-SGD on the same batches and noise (`_floors.py`).
+- flower_opacus:     the peer, Flower's simulation with Opacus clients
+                     (`peers/flower_opacus.py`) in its own virtual environment, on the
+                     same clients, cohorts, initial model and hyperparameters but
+                     Opacus's own Poisson batches. Runs when that environment exists
+                     (`bash benchmarks/peers/setup_env.sh`); otherwise it is skipped,
+                     saying so, and the per-sample floor stands in for it.
 
 Usage (from the repository root):
 
@@ -55,6 +61,10 @@ WORKLOADS = {
     "w3": ROOT / "configs" / "w3.yaml",
 }
 RUNNERS = ("raydpfl_local", "raydpfl_ray", "floor_nonprivate", "floor_per_sample")
+#: The peer: runs only where its virtual environment exists (see `peer_python`).
+PEER = "flower_opacus"
+#: Runners that replay raydpfl's exact Poisson batches (the peer draws its own).
+SAME_BATCHES = (*RUNNERS,)
 ALIASES = {"raydpfl": "raydpfl_local"}  # the runner's name before the Ray runner existed
 RAYDPFL = ("raydpfl_local", "raydpfl_ray")
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -70,11 +80,15 @@ RATIOS = (
     ("raydpfl_ray", "floor_per_sample"),
     ("raydpfl_local", "floor_nonprivate"),
     ("raydpfl_local", "floor_per_sample"),
+    ("raydpfl_ray", PEER),
 )
 #: (workload, ratio, upper bound, what it says). From the issue (Ray's overhead) and
 #: workloads.md's targets for the ray backend on this 2-core CPU machine.
 TARGETS = (
     ("w1", "raydpfl_ray/raydpfl_local", 1.15, "Ray's overhead over the local backend, 2 workers"),
+    ("w1", f"raydpfl_ray/{PEER}", 1 / 2.5, "ray backend >= 2.5 x Flower+Opacus (measured)"),
+    ("w2", f"raydpfl_ray/{PEER}", 1 / 5, "ray backend >= 5 x Flower+Opacus (measured)"),
+    ("w3", f"raydpfl_ray/{PEER}", 1 / 10, "ray backend >= 10 x Flower+Opacus (measured)"),
     ("w1", "raydpfl_ray/floor_nonprivate", 1.6, "ray backend <= 1.6 x the non-private floor"),
     ("w1", "raydpfl_ray/floor_per_sample", 1 / 2.5, "ray backend >= 2.5 x the per-sample floor"),
     ("w2", "raydpfl_ray/floor_nonprivate", 1.6, "ray backend <= 1.6 x the non-private floor"),
@@ -95,11 +109,7 @@ TARGETS = (
 )
 #: Targets from workloads.md this benchmark cannot check, and why.
 UNCHECKED = {
-    "w1": (
-        "ray backend >= 2.5 x Flower+Opacus: no Flower runner here; Flower+Opacus runs W1 at "
-        "the per-sample floor's speed (workloads.md), so the per-sample line stands in",
-        "W1 on a GPU (vectorisation >= 3x, >= 50% busy): this benchmark runs on the CPU",
-    ),
+    "w1": ("W1 on a GPU (vectorisation >= 3x, >= 50% busy): this benchmark runs on the CPU",),
     "w2": (),
     "w3": (
         "memory grows with data, not with clients: benchmarks/run_all.py compares peak "
@@ -108,8 +118,19 @@ UNCHECKED = {
 }
 
 
+def peer_python() -> Path:
+    """The peer environment's interpreter (`benchmarks/peers/setup_env.sh` makes it)."""
+    default = Path.home() / ".cache" / "raydpfl" / "peers-venv"
+    return Path(os.environ.get("RAYDPFL_PEERS_VENV", default)) / "bin" / "python"
+
+
 def thread_layout(runner: str, threads: int, ray_workers: int) -> str:
     """How a runner uses the cores, stated beside its figures for fairness."""
+    if runner == PEER:
+        return (
+            f"Flower's Ray with {ray_workers} CPUs: {ray_workers} concurrent clients x 1 "
+            "torch thread + ServerApp in the driver"
+        )
     if runner == "raydpfl_ray":
         return (
             f"{ray_workers} worker processes x 1 torch thread + server actor (1 thread) "
@@ -126,8 +147,13 @@ def run_child(
     threads: int,
     ray_workers: int,
     engine: str = "auto",
+    peer_data: Path | None = None,
 ) -> dict[str, Any]:
     """Runs one runner in this process and returns its raw per-round record."""
+    if runner == PEER:
+        if peer_data is None:
+            raise SystemExit(f"--runner {PEER} needs --peer-data (the workload's export)")
+        return _run_peer(peer_data, rounds, ray_workers)
     from raydpfl.config import load_config
     from raydpfl.simulation.build import build_experiment
 
@@ -245,6 +271,46 @@ def _run_raydpfl(runner: str, exp: Any) -> dict[str, Any]:
     }
 
 
+def export_for_peer(config: Path, rounds: int | None, out: Path) -> Path:
+    """Writes the workload's export for the peer (`peers/export_workload.py`; untimed, and
+    in its own process, so its memory is not counted as the peer's)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "peers" / "export_workload.py")]
+    cmd += [str(config), "--out", str(out)]
+    if rounds is not None:
+        cmd += ["--rounds", str(rounds)]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    return out
+
+
+def _run_peer(data: Path, rounds: int | None, ray_workers: int) -> dict[str, Any]:
+    """Flower+Opacus (`peers/flower_opacus.py`) in its own environment on `data`, the
+    export of this workload."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [str(peer_python()), str(ROOT / "benchmarks" / "peers" / "flower_opacus.py")]
+        cmd += [str(data), "--cpus", str(ray_workers), "--out-dir", tmp]
+        if rounds is not None:
+            cmd += ["--rounds", str(rounds)]
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        (result,) = Path(tmp).glob("flower_opacus-*.json")
+        peer = json.loads(result.read_text())
+    fig = peer["figures"]
+    return {
+        "runner": PEER,
+        "thread_layout": thread_layout(PEER, 1, ray_workers),
+        "local_steps": peer["hyperparameters"]["local_steps"],
+        "round_seconds": peer["round_seconds"],
+        "round_clients": peer["round_clients"],
+        "round_samples": peer["round_samples"],
+        "test_accuracy": fig["test_accuracy"],
+        "startup": {
+            k: fig[k]
+            for k in ("ray_init_seconds", "launch_to_round1_seconds", "shutdown_seconds")
+            if k in fig
+        },
+        "versions": peer.get("versions", {}),
+    }
+
+
 # ---- parent: figures ------------------------------------------------------------------
 def figures(run: dict[str, Any]) -> dict[str, float]:
     """One run's figures; rates use rounds 2..R (round 1 is warm-up)."""
@@ -276,11 +342,14 @@ def check_same_work(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     batches recorded by replaying raydpfl's RNG streams. A replay that drifted from
     raydpfl's draw order would give different Poisson batches, hence different totals.
     """
-    (ref_name, ref_runs), *_ = runs.items()
+    same = {name: r for name, r in runs.items() if name in SAME_BATCHES} or runs
+    (ref_name, ref_runs), *_ = same.items()
     ref = ref_runs[0]
     for name, name_runs in runs.items():
+        # The peer trains the same cohorts on batches Opacus draws itself.
+        keys = ("round_clients", "round_samples") if name in same else ("round_clients",)
         for k, run in enumerate(name_runs):
-            for key in ("round_clients", "round_samples"):
+            for key in keys:
                 if run[key] != ref[key]:
                     raise SystemExit(
                         f"batch check failed: {name} (repeat {k + 1}) {key} = {run[key]}, "
@@ -381,9 +450,10 @@ def report_lines(
     """The report, as quoted."""
     rounds = len(work["round_samples"])
     clients = work["round_clients"][0]
+    peer = " except flower_opacus, which draws its own" if PEER in figs else ""
     lines = [
         f"{workload.upper()}: {rounds} rounds, {clients} clients/round, {work['total_samples']} "
-        "sampled records in all (identical across runners: batch check passed)",
+        f"sampled records in all (identical across runners{peer}: batch check passed)",
         f"repeats: {args.repeats}"
         f"{' (figures are medians across repeats)' if args.repeats > 1 else ''}; "
         f"rates use rounds 2..{rounds}; s/round of raydpfl runners is measured on the driver",
@@ -403,6 +473,13 @@ def report_lines(
         )
     lines.append("threads:")
     lines += [f"  {name:<18}{runs[name][0]['thread_layout']}" for name in figs]
+    if PEER in figs:
+        f = figs[PEER]
+        lines.append(
+            f"flower_opacus startup (not in s/round): ray.init {f['ray_init_seconds']:.1f} s, "
+            f"to round 1 {f['launch_to_round1_seconds']:.1f} s; "
+            + ", ".join(f"{k} {v}" for k, v in runs[PEER][0]["versions"].items())
+        )
     if "raydpfl_ray" in figs:
         f = figs["raydpfl_ray"]
         lines.append(
@@ -424,6 +501,11 @@ def report_lines(
             f"  {t['ratio']} = {t['value']:.3f} <= {t['bound']:.2f}: {verdict}  [{t['what']}]"
         )
     lines += [f"  not checked: {note}" for note in UNCHECKED[workload]]
+    if PEER not in figs:
+        lines.append(
+            "  not run: flower_opacus (make its environment with "
+            "`bash benchmarks/peers/setup_env.sh`); the per-sample floor stands in for it"
+        )
     # Same batches, same noise: raydpfl's two backends compute the same arithmetic, and
     # the per-sample floor too up to summation order; a gap means different arithmetic.
     if all(name in figs for name in RAYDPFL):
@@ -461,6 +543,9 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
     source = source_info()  # before the runs: others may edit the tree meanwhile
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.runner_list}
     with tempfile.TemporaryDirectory() as tmp:
+        if PEER in args.runner_list:
+            print(f"{workload}: exporting the workload for {PEER} (untimed)", flush=True)
+            peer_data = export_for_peer(config, args.rounds, Path(tmp) / "peer-workload.npz")
         # Runners interleave within each repeat, so slow drift of the machine spreads
         # over all of them instead of biasing one.
         for k in range(args.repeats):
@@ -473,6 +558,8 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
                 cmd += ["--config", str(config)]
                 if args.rounds is not None:
                     cmd += ["--rounds", str(args.rounds)]
+                if name == PEER:
+                    cmd += ["--peer-data", str(peer_data)]
                 print(f"{workload} repeat {k + 1}/{args.repeats}: {name}", flush=True)
                 # Other work on a shared machine skews the figures; the 1-minute load
                 # average around each run makes that visible in the JSON.
@@ -552,12 +639,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="raydpfl's per-sample clipping engine (runtime.engine; default auto)",
     )
-    p.add_argument("--runners", default=",".join(RUNNERS), help="comma-separated, run in order")
+    p.add_argument(
+        "--runners",
+        default=None,
+        help=f"comma-separated, run in order (default: {', '.join(RUNNERS)}, and {PEER} "
+        "where its environment exists)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs per runner; figures are medians")
     p.add_argument("--config", type=Path, help="config file (one workload only; default its own)")
     # Child mode, used by the parent: run one runner and write its record to --json.
-    p.add_argument("--runner", choices=RUNNERS, help=argparse.SUPPRESS)
+    p.add_argument("--runner", choices=(*RUNNERS, PEER), help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--peer-data", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rounds is not None and args.rounds < 2:
         p.error("--rounds must be >= 2: round 1 is warm-up and left out of the figures")
@@ -565,11 +658,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--threads, --ray-workers and --repeats must be >= 1")
     if args.config is not None and len(args.workload) > 1:
         p.error("--config needs a single --workload")
-    names = [ALIASES.get(r.strip(), r.strip()) for r in args.runners.split(",") if r.strip()]
+    if args.runners is None:
+        names = [*RUNNERS, *([PEER] if peer_python().exists() else [])]
+    else:
+        names = [ALIASES.get(r.strip(), r.strip()) for r in args.runners.split(",") if r.strip()]
     args.runner_list = list(dict.fromkeys(names))
-    unknown = sorted(set(args.runner_list) - set(RUNNERS))
+    unknown = sorted(set(args.runner_list) - {*RUNNERS, PEER})
     if unknown or not args.runner_list:
-        p.error(f"--runners: unknown {unknown}; choose from {', '.join(RUNNERS)}")
+        p.error(f"--runners: unknown {unknown}; choose from {', '.join((*RUNNERS, PEER))}")
+    if PEER in args.runner_list and not peer_python().exists():
+        p.error(f"--runners: {PEER} needs {peer_python()} (bash benchmarks/peers/setup_env.sh)")
     return args
 
 
@@ -579,7 +677,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.json is None or args.config is None:
             raise SystemExit("--runner needs --json and --config")
         record = run_child(
-            args.runner, args.config, args.rounds, args.threads, args.ray_workers, args.engine
+            args.runner,
+            args.config,
+            args.rounds,
+            args.threads,
+            args.ray_workers,
+            args.engine,
+            args.peer_data,
         )
         args.json.write_text(json.dumps(record))
         return
