@@ -2,7 +2,7 @@
 memory scaling, and the W4 sweep; one table, one JSON.
 
     python benchmarks/run_all.py [--rounds R] [--repeats K] [--engines auto,vmap]
-                                 [--skip w4] [--quick]
+                                 [--skip w4] [--no-peer] [--quick]
 
 - W1, W2, W3: `benchmarks/workloads.py` (each runner in its own sampled subprocess,
   same batches everywhere; plus the Flower+Opacus peer where its environment exists,
@@ -15,7 +15,7 @@ memory scaling, and the W4 sweep; one table, one JSON.
   per hour, peak memory, and whether every trial's result row was written.
 
 Prints one table and writes benchmarks/results/run_all-<UTC>.json. `--quick` is a smoke
-test (2 rounds, W2 and W3 only, no W4), not a measurement.
+test (2 rounds, W2 and W3 only, no W4, no peer), not a measurement.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ from _proctree import TreeSampler  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 WORKLOADS_PY = ROOT / "benchmarks" / "workloads.py"
+#: workloads.py's runners without the Flower+Opacus peer (whose W3 startup alone takes
+#: minutes): what `--quick` and `--no-peer` run.
+CORE_RUNNERS = "raydpfl_local,raydpfl_ray,floor_nonprivate,floor_per_sample"
 
 
 def _newest(pattern: str, after: float) -> Path:
@@ -187,8 +190,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engines", default="auto", help="comma-separated: auto, bookkeeping, vmap")
     p.add_argument("--skip", nargs="*", default=[], choices=["w1", "w2", "w3", "w3mem", "w4"])
     p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, W2 and W3 only")
+    p.add_argument(
+        "--no-peer", action="store_true", help="leave out Flower+Opacus even where it can run"
+    )
     args = p.parse_args(argv)
     if args.quick:
+        args.no_peer = True
         args.rounds = 2
         args.skip = sorted({*args.skip, "w1", "w3mem", "w4"})
     started = datetime.now(timezone.utc)
@@ -197,10 +204,13 @@ def main(argv: list[str] | None = None) -> None:
         "command": [Path(sys.executable).name, *sys.argv],
         "workloads": {},
     }
+    runners = CORE_RUNNERS if args.no_peer else None  # None: workloads.py's default
     for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
         for name in ("w1", "w2", "w3"):
             if name not in args.skip:
-                results["workloads"][f"{name}:{engine}"] = run_workload(name, args, engine)
+                results["workloads"][f"{name}:{engine}"] = run_workload(
+                    name, args, engine, runners=runners
+                )
     if "w3mem" not in args.skip:
         results["w3_memory"] = w3_memory(args)
     if "w4" not in args.skip:
