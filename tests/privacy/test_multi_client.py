@@ -128,7 +128,7 @@ def _assert_streams_equal(g1, g2):
 
 
 @pytest.mark.parametrize("engine", ["bookkeeping", "vmap"])
-@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn_gn"])
+@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn_gn", "bcs_mnist_cnn"])
 @pytest.mark.parametrize("steps", [1, 3])
 def test_vectorised_equals_one_at_a_time(name, steps, engine):
     model, (x, y, indices) = _model(name), _pool()
