@@ -110,6 +110,13 @@ def weighted_sum(per_sample_grads: Mapping[str, torch.Tensor], weights: torch.Te
     }
 
 
+def standard_normal_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One N(0, 1) draw per entry of `t` (its shape, device and dtype) from `generator`:
+    the draw behind every Gaussian noise of a DP-SGD step, so all of them consume a
+    client's stream alike."""
+    return torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
+
+
 def add_gaussian_noise(tensors: Params, std: float, generator: torch.Generator) -> Params:
     """Adds i.i.d. N(0, std²) noise to every entry, in place, and returns `tensors`.
 
@@ -120,8 +127,7 @@ def add_gaussian_noise(tensors: Params, std: float, generator: torch.Generator) 
     if std == 0:
         return tensors
     for t in tensors.values():
-        noise = torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
-        t.add_(noise, alpha=std)
+        t.add_(standard_normal_like(t, generator), alpha=std)
     return tensors
 
 
@@ -256,14 +262,9 @@ def dp_sgd_gradient(
         weight_rule: Maps per-sample norms to weights; must keep every ‖a_i g_i‖ ≤ C.
             Defaults to flat clipping at C.
     """
-    if clip_norm <= 0:
-        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
-    if expected_batch_size <= 0:
-        raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
-    rule = (
-        weight_rule if weight_rule is not None else (lambda norms: clip_weights(norms, clip_norm))
+    summed, stats = _checked_clipped_sum(
+        engine, params, x, y, clip_norm, noise_multiplier, expected_batch_size, weight_rule
     )
-    summed, stats = engine.clipped_sum(params, x, y, rule)
     add_gaussian_noise(summed, noise_multiplier * clip_norm, generator)
     for t in summed.values():
         t.div_(expected_batch_size)
@@ -292,22 +293,38 @@ def dp_sgd_step_(
     not formed separately). The privacy argument is unchanged: the update is a
     post-processing of Σ a_i g_i + N(0, σ²C²I).
     """
-    if clip_norm <= 0:
-        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
-    if expected_batch_size <= 0:
-        raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
-    std = noise_multiplier * clip_norm
-    if std < 0:
-        raise ValueError(f"noise std must be >= 0, got {std}")
-    rule = (
-        weight_rule if weight_rule is not None else (lambda norms: clip_weights(norms, clip_norm))
+    summed, stats = _checked_clipped_sum(
+        engine, params, x, y, clip_norm, noise_multiplier, expected_batch_size, weight_rule
     )
-    summed, stats = engine.clipped_sum(params, x, y, rule)
+    std = noise_multiplier * clip_norm
     scale = lr / expected_batch_size
     for name, s in summed.items():  # the engine returns the caller's parameter order
         p = params[name]
         p.add_(s, alpha=-scale)
         if std > 0:
-            noise = torch.randn(s.shape, generator=generator, device=s.device, dtype=s.dtype)
-            p.add_(noise, alpha=-scale * std)
+            p.add_(standard_normal_like(s, generator), alpha=-scale * std)
     return stats
+
+
+def _checked_clipped_sum(
+    engine: ClippedSumEngine,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    clip_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    weight_rule: WeightRule | None,
+) -> tuple[Params, StepStats]:
+    """The argument checks and the clipped sum Σ a_i g_i of one DP-SGD step (flat clipping
+    at C unless a `weight_rule` is given), shared by `dp_sgd_gradient` and `dp_sgd_step_`."""
+    if clip_norm <= 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    if expected_batch_size <= 0:
+        raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
+    if noise_multiplier * clip_norm < 0:
+        raise ValueError(f"noise std must be >= 0, got {noise_multiplier * clip_norm}")
+    rule = (
+        weight_rule if weight_rule is not None else (lambda norms: clip_weights(norms, clip_norm))
+    )
+    return engine.clipped_sum(params, x, y, rule)
