@@ -47,6 +47,12 @@ def model_params(params: Mapping[str, torch.Tensor], model_key: str) -> Params:
     return out
 
 
+def shared_params(params: Mapping[str, torch.Tensor]) -> Params:
+    """The unprefixed entries of a flat dict: the part every model key shares (all of a
+    single-model dict, none of a pure multi-model one)."""
+    return {n: t for n, t in params.items() if "/" not in n}
+
+
 def join_models(models: Sequence[Mapping[str, torch.Tensor]], keys: Sequence[str]) -> Params:
     """One flat dict holding ``models[k]`` under ``"{keys[k]}/{name}"`` (in that order)."""
     if len(models) != len(keys) or len(set(keys)) != len(keys):

@@ -73,7 +73,8 @@ import torch
 
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask, Params
 from raydpfl.algorithms.dpfl_bcs import DpflBcs
-from raydpfl.models.dpfl_bcs import (
+from raydpfl.algorithms.multi_model import join_models, shared_params
+from raydpfl.models.input_transform import (
     INPUT_TRANSFORM,
     apply_input_transform,
     identity_input_transform,
@@ -141,18 +142,17 @@ class PrivateFl(DpflBcs):
                 self.transforms[r.client_id] = {
                     n: t.detach().to("cpu").clone() for n, t in state.items()
                 }
-        shared = {n: t for n, t in global_params.items() if "/" not in n}
-        new = super().aggregate(shared, tasks, results)
+        new = super().aggregate(shared_params(global_params), tasks, results)
         new.update(self.evaluation_view())
         return new
 
     def evaluation_view(self) -> Params:
         """Every client's transformation under ``c{n}/input_transform.*`` (for scoring)."""
-        return {
-            f"{client_key(c)}/{name}": t.clone()
-            for c in range(self.n)
-            for name, t in self.transform_of(c).items()
-        }
+        clients = range(self.n)
+        return join_models(
+            [{name: t.clone() for name, t in self.transform_of(c).items()} for c in clients],
+            [client_key(c) for c in clients],
+        )
 
     def evaluation_model_keys(self, num_clients: int) -> list[str] | None:
         """Client n is scored with the shared model composed with its own transformation."""

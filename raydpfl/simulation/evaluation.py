@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from raydpfl.algorithms.multi_model import GLOBAL_MODEL, model_params
+from raydpfl.algorithms.multi_model import GLOBAL_MODEL, model_params, shared_params
 from raydpfl.models.input_transform import apply_input_transform
 
 Params = dict[str, torch.Tensor]
@@ -66,8 +66,7 @@ def evaluation_params(broadcast: Mapping[str, torch.Tensor], model_key: str) -> 
     """
     if model_key == GLOBAL_MODEL:
         return dict(broadcast)
-    shared = {n: t for n, t in broadcast.items() if "/" not in n}
-    return {**shared, **model_params(broadcast, model_key)}
+    return {**shared_params(broadcast), **model_params(broadcast, model_key)}
 
 
 @torch.no_grad()
