@@ -63,8 +63,6 @@ WORKLOADS = {
 RUNNERS = ("raydpfl_local", "raydpfl_ray", "floor_nonprivate", "floor_per_sample")
 #: The peer: runs only where its virtual environment exists (see `peer_python`).
 PEER = "flower_opacus"
-#: Runners that replay raydpfl's exact Poisson batches (the peer draws its own).
-SAME_BATCHES = (*RUNNERS,)
 ALIASES = {"raydpfl": "raydpfl_local"}  # the runner's name before the Ray runner existed
 RAYDPFL = ("raydpfl_local", "raydpfl_ray")
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -342,7 +340,8 @@ def check_same_work(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     batches recorded by replaying raydpfl's RNG streams. A replay that drifted from
     raydpfl's draw order would give different Poisson batches, hence different totals.
     """
-    same = {name: r for name, r in runs.items() if name in SAME_BATCHES} or runs
+    # RUNNERS replay raydpfl's exact Poisson batches; the peer draws its own.
+    same = {name: r for name, r in runs.items() if name in RUNNERS} or runs
     (ref_name, ref_runs), *_ = same.items()
     ref = ref_runs[0]
     for name, name_runs in runs.items():

@@ -83,8 +83,7 @@ def export(config: Path, out: Path | None, rounds: int | None) -> Path:
         f"param_{k}": t.detach().cpu().numpy().astype(np.float32)
         for k, t in enumerate(exp.init_params.values())
     }
-    model = exp.model_spec.build()
-    num_params = sum(p.numel() for p in model.parameters())
+    num_params = sum(t.numel() for t in exp.init_params.values())
     meta = {
         "workload": name,
         "config": str(config),

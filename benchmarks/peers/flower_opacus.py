@@ -45,7 +45,6 @@ import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -392,8 +391,9 @@ def _machine() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    return {"nproc": int(nproc or 0), "cpu_model": cpu, "platform": platform.platform()}
+    # Not `nproc`: it reports OMP_NUM_THREADS when set, and this script sets it to 1.
+    nproc = len(os.sched_getaffinity(0))
+    return {"nproc": nproc, "cpu_model": cpu, "platform": platform.platform()}
 
 
 def run(export: str, rounds: int | None, cpus: int) -> dict[str, Any]:
