@@ -49,6 +49,12 @@ def small_config(**sections) -> Config:
         },
         "runtime": {"backend": "local", "seed": 0, "progress": False},
     }
+    return config_from_dict(override(raw, **sections))
+
+
+def override(raw: dict, **sections) -> dict:
+    """`raw` with parts replaced, in place: ``experiment__data__num_clients=3`` sets one
+    value; a dict value is merged into the dict it replaces (keys not given are kept)."""
     for dotted, value in sections.items():
         node = raw
         *head, last = dotted.split("__")
@@ -58,4 +64,4 @@ def small_config(**sections) -> Config:
             node[last] = {**node[last], **value}  # merge: keep the keys not overridden
         else:
             node[last] = value
-    return config_from_dict(raw)
+    return raw

@@ -16,6 +16,7 @@ from raydpfl.algorithms.dpfl_bcs import DpflBcs, laplace_noise
 from raydpfl.config import ConfigError, config_from_dict
 from raydpfl.models import build_model
 from raydpfl.simulation.build import build_experiment, run_experiment
+from tests.algorithms.dpfl_bcs_helpers import bcs_config
 
 N = 8
 
@@ -193,29 +194,7 @@ def test_state_dict_round_trip():
 
 # ---- end to end -----------------------------------------------------------------------
 def _config(name: str = "dpfl_bcs", **bcs) -> dict:
-    return {
-        "experiment": {
-            "name": "bcs-test",
-            "data": {
-                "dataset": "digits",
-                "num_clients": 10,
-                "partition": {"kind": "dirichlet", "alpha": 3.0},
-                "client_test_fraction": 0.0,
-            },
-            "model": {"name": "bcs_linear"},
-            "algorithm": {
-                "name": name,
-                "rounds": 8,
-                "clients_per_round": 4,
-                "lr": 0.5,
-                "eval_every": 8,
-                "evaluate_clients": False,
-                "dpfl_bcs": {"stage1_rounds": 3, "epsilon_min": 1.0, "epsilon_max": 8.0, **bcs},
-            },
-            "privacy": {"clip_norm": 5.0},
-        },
-        "runtime": {"backend": "local", "seed": 0, "progress": False, "cpus_per_worker": 1},
-    }
+    return bcs_config(name, experiment__algorithm__dpfl_bcs=bcs)
 
 
 def test_aggregation_rules():

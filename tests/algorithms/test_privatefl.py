@@ -21,6 +21,7 @@ from raydpfl.models.dpfl_bcs import (
 )
 from raydpfl.simulation.build import build_experiment, run_experiment
 from raydpfl.simulation.evaluation import evaluate, evaluation_params
+from tests.algorithms.dpfl_bcs_helpers import bcs_config
 
 N, FEATURES = 8, 6
 
@@ -181,29 +182,14 @@ def test_evaluation_composes_the_shared_model_with_each_clients_transform():
 
 # ---- end to end -----------------------------------------------------------------------
 def _config(name: str, **bcs) -> dict:
-    return {
-        "experiment": {
-            "name": "privatefl-test",
-            "data": {
-                "dataset": "digits",
-                "num_clients": 10,
-                "partition": {"kind": "dirichlet", "alpha": 3.0},
-                "client_test_fraction": 0.2,
-            },
-            "model": {"name": "bcs_linear"},
-            "algorithm": {
-                "name": name,
-                "rounds": 8,
-                "clients_per_round": 4,
-                "lr": 0.5,
-                "eval_every": 4,
-                "evaluate_clients": False,
-                "dpfl_bcs": {"stage1_rounds": 3, "epsilon_min": 1.0, "epsilon_max": 8.0, **bcs},
-            },
-            "privacy": {"clip_norm": 5.0},
-        },
-        "runtime": {"backend": "local", "seed": 0, "progress": False, "cpus_per_worker": 1},
-    }
+    # PRIVATEFL scores each client's personalised model on the client's own test split.
+    return bcs_config(
+        name,
+        experiment__name="privatefl-test",
+        experiment__data__client_test_fraction=0.2,
+        experiment__algorithm__eval_every=4,
+        experiment__algorithm__dpfl_bcs=bcs,
+    )
 
 
 @pytest.mark.parametrize("name", ["bcs_privatefl", "bcs_privatefl_bcs"])

@@ -18,6 +18,7 @@ from raydpfl.config import ConfigError, config_from_dict, load_config
 from raydpfl.models import build_model
 from raydpfl.simulation.build import build_experiment, run_experiment
 from raydpfl.simulation.evaluation import evaluate
+from tests.algorithms.dpfl_bcs_helpers import bcs_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,29 +99,18 @@ def test_evaluation_reports_mse_and_no_accuracy_for_float_targets():
 
 
 def _config(name: str, rounds: int = 8, **bcs) -> dict:
-    return {
-        "experiment": {
-            "name": "regression-test",
-            "data": {
-                "dataset": "diabetes",
-                "num_clients": 10,
-                "partition": {"kind": "dirichlet", "alpha": 3.0, "min_samples_per_client": 10},
-                "client_test_fraction": 0.0,
-            },
-            "model": {"name": "bcs_linreg"},
-            "algorithm": {
-                "name": name,
-                "rounds": rounds,
-                "clients_per_round": 4,
-                "lr": 0.1,
-                "eval_every": 1,
-                "evaluate_clients": False,
-                "dpfl_bcs": {"stage1_rounds": 3, "epsilon_min": 0.5, "epsilon_max": 4.0, **bcs},
-            },
-            "privacy": {"clip_norm": 1.0},
-        },
-        "runtime": {"backend": "local", "seed": 0, "progress": False, "cpus_per_worker": 1},
-    }
+    return bcs_config(
+        name,
+        experiment__name="regression-test",
+        experiment__data__dataset="diabetes",
+        experiment__data__partition__min_samples_per_client=10,
+        experiment__model__name="bcs_linreg",
+        experiment__algorithm__rounds=rounds,
+        experiment__algorithm__lr=0.1,
+        experiment__algorithm__eval_every=1,
+        experiment__algorithm__dpfl_bcs={"epsilon_min": 0.5, "epsilon_max": 4.0, **bcs},
+        experiment__privacy__clip_norm=1.0,
+    )
 
 
 def test_fedsgd_lowers_the_test_mse_and_reports_no_accuracy():
