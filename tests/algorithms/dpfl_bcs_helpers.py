@@ -3,7 +3,33 @@ test module)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from tests.conftest import override
+
+#: Clients of `bcs_args`'s population.
+BCS_CLIENTS = 8
+
+
+def bcs_args(**kw) -> dict:
+    """Keyword arguments of a small `DpflBcs` (or subclass): 8 clients with budgets and
+    sizes drawn from a fixed seed, 12 rounds, 3 stage-1 rounds, Gaussian; `kw` overrides."""
+    rng = np.random.default_rng(0)
+    args = dict(
+        clients_per_round=3,
+        rounds=12,
+        lr=0.1,
+        lr_decay_tau=200.0,
+        clip_norm=2.0,
+        mechanism="gaussian",
+        epsilons=rng.uniform(0.5, 4.0, BCS_CLIENTS),
+        deltas=rng.uniform(1e-5, 1e-4, BCS_CLIENTS),
+        train_sizes=rng.integers(50, 300, BCS_CLIENTS),
+        num_params=100,
+        stage1_rounds=3,
+    )
+    args.update(kw)
+    return args
 
 
 def bcs_config(name: str, **sections) -> dict:

@@ -16,28 +16,13 @@ from raydpfl.algorithms.dpfl_bcs import DpflBcs, laplace_noise
 from raydpfl.config import ConfigError, config_from_dict
 from raydpfl.models import build_model
 from raydpfl.simulation.build import build_experiment, run_experiment
-from tests.algorithms.dpfl_bcs_helpers import bcs_config
+from tests.algorithms.dpfl_bcs_helpers import BCS_CLIENTS, bcs_args, bcs_config
 
-N = 8
+N = BCS_CLIENTS
 
 
 def _algo(**kw) -> DpflBcs:
-    rng = np.random.default_rng(0)
-    args = dict(
-        clients_per_round=3,
-        rounds=12,
-        lr=0.1,
-        lr_decay_tau=200.0,
-        clip_norm=2.0,
-        mechanism="gaussian",
-        epsilons=rng.uniform(0.5, 4.0, N),
-        deltas=rng.uniform(1e-5, 1e-4, N),
-        train_sizes=rng.integers(50, 300, N),
-        num_params=100,
-        stage1_rounds=3,
-    )
-    args.update(kw)
-    return DpflBcs(**args)
+    return DpflBcs(**bcs_args(**kw))
 
 
 def _independent_rho(eps: float, delta: float) -> float:

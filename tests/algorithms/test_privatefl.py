@@ -21,28 +21,13 @@ from raydpfl.models.dpfl_bcs import (
 )
 from raydpfl.simulation.build import build_experiment, run_experiment
 from raydpfl.simulation.evaluation import evaluate, evaluation_params
-from tests.algorithms.dpfl_bcs_helpers import bcs_config
+from tests.algorithms.dpfl_bcs_helpers import BCS_CLIENTS, bcs_args, bcs_config
 
-N, FEATURES = 8, 6
+N, FEATURES = BCS_CLIENTS, 6
 
 
 def _args(**kw) -> dict:
-    rng = np.random.default_rng(0)
-    args = dict(
-        clients_per_round=3,
-        rounds=12,
-        lr=0.1,
-        lr_decay_tau=200.0,
-        clip_norm=2.0,
-        mechanism="gaussian",
-        epsilons=rng.uniform(0.5, 4.0, N),
-        deltas=rng.uniform(1e-5, 1e-4, N),
-        train_sizes=rng.integers(50, 300, N),
-        num_params=FEATURES * 3 + 3,
-        stage1_rounds=3,
-    )
-    args.update(kw)
-    return args
+    return bcs_args(**{"num_params": FEATURES * 3 + 3, **kw})
 
 
 def _pfl(**kw) -> PrivateFl:
