@@ -65,15 +65,16 @@ def _instrument() -> None:
     _wrap(torch.autograd, "grad", "backward to the layer outputs")
     _wrap(bk, "_positions", "patch extraction (Conv2d unfold)")
     _wrap(bk, "_norm_sq", None, lambda rec, *a: f"per-sample norms: {layer(rec)}")
-    _wrap(bk, "_weighted_grads", None, lambda rec, *a: f"weighted gradient sum: {layer(rec)}")
+    _wrap(bk, "_add_weighted_grads", None, lambda rec, *a: f"weighted gradient sum: {layer(rec)}")
     _wrap(dp_fedavg, "poisson_sample", "Poisson sampling")
     _wrap(base.ClientData, "batch", "batch gather (index_select)")
     _wrap(worker.ClientWorker, "load_params", "parameter copy-in")
     _wrap(dp_fedavg, "parameter_delta", "update out (local − start)")
     _wrap(dp_fedavg, "dp_sgd_local_update", "client loop rest (SGD step, clones, Python)")
     _wrap(bk.BookkeepingClipping, "clipped_sum", "engine rest (weights, stats, Python)")
-    # the noise draws and the fused update p -= (lr/B)(s + σC z); the engine's part nested
-    _wrap(dp_fedavg, "dp_sgd_step_", "Gaussian noise + update (randn, 2 adds per tensor)")
+    # the noise draws and the update p -= (lr/B)(z + s); the engine's part nested (the
+    # Linear layers add their weight sums into the noise inside the GEMM)
+    _wrap(dp_fedavg, "dp_sgd_step_", "Gaussian noise + update (normal_, 1 add per tensor)")
 
 
 def main(argv: list[str] | None = None) -> None:

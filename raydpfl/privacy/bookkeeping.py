@@ -116,13 +116,23 @@ class BookkeepingClipping:
             self._records.append(_Record(module, self._prefix[module], inputs[0].detach(), output))
 
     def clipped_sum(
-        self, params: Params, x: torch.Tensor, y: torch.Tensor, weight_rule: WeightRule
+        self,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight_rule: WeightRule,
+        *,
+        into: Params | None = None,
     ) -> tuple[Params, StepStats]:
         """Σ_i a_i ∇ℓ_i with a_i = weight_rule(‖∇ℓ_i‖), plus step statistics.
 
         A `raydpfl.privacy.dpsgd.LossWeightRule` gets a_i = weight_rule(‖∇ℓ_i‖, ℓ_i),
-        the per-sample losses of the same forward pass."""
-        total: Params = {}
+        the per-sample losses of the same forward pass. With `into` the sum is added to
+        those tensors in place (a Linear layer's weight sum accumulates inside its GEMM)
+        and they are returned."""
+        # Without `into`, each parameter's first contribution is a fresh tensor that is
+        # kept: no zero-filled accumulator (a shared layer or a second chunk adds to it).
+        total: Params = dict(into) if into is not None else {}
         clipped, norm_sum = 0, 0.0
         with_losses = needs_losses(weight_rule)
         for start in range(0, x.shape[0], self.max_chunk):
@@ -131,13 +141,7 @@ class BookkeepingClipping:
             args = (norms, losses) if with_losses else (norms,)
             weights = weight_rule(*args)  # type: ignore[call-arg]
             for rec in records:
-                for name, grad in _weighted_grads(rec, weights).items():
-                    # The first contribution is a fresh tensor: keep it, no zero-filled
-                    # accumulator (a shared layer or a second chunk adds in place).
-                    if name in total:
-                        total[name].add_(grad)
-                    else:
-                        total[name] = grad
+                _add_weighted_grads(rec, weights, total)
             stats = torch.stack([(weights < 1.0).sum().to(norms.dtype), norms.sum()]).tolist()
             clipped += int(stats[0])
             norm_sum += stats[1]
@@ -263,10 +267,12 @@ def _groupnorm_per_sample(rec: _Record) -> tuple[torch.Tensor, torch.Tensor]:
     return (g * x_hat).sum(dims), g.sum(dims)
 
 
-def _weighted_grads(rec: _Record, weights: torch.Tensor) -> Params:
-    """Σ_i a_i ∇θ ℓ_i for the layer's parameters, keyed by their full names."""
+def _add_weighted_grads(rec: _Record, weights: torch.Tensor, total: Params) -> None:
+    """Adds Σ_i a_i ∇θ ℓ_i for the layer's parameters to `total` (keyed by full names),
+    in place where `total` has the name, as a fresh tensor where it has not."""
     m, g = rec.module, rec.grad
     assert g is not None
+    prefix = f"{rec.prefix}." if rec.prefix else ""
     w = weights.to(g.dtype)
     out: Params = {}
     if rec.per_sample is not None:  # Σ_i a_i ∇W_i from the kept per-sample gradients
@@ -274,24 +280,36 @@ def _weighted_grads(rec: _Record, weights: torch.Tensor) -> Params:
         if m.bias is not None:
             assert rec.per_sample_bias is not None
             out["bias"] = torch.mv(rec.per_sample_bias.t(), w)
-        prefix = f"{rec.prefix}." if rec.prefix else ""
-        return {prefix + k: v for k, v in out.items()}
-    shape = (-1,) + (1,) * (g.dim() - 1)
-    gw = g * w.view(shape)
-    if isinstance(m, nn.GroupNorm):
-        x_hat = F.group_norm(rec.inputs, m.num_groups, eps=m.eps)
-        dims = (0, *range(2, g.dim()))
-        out["weight"], out["bias"] = (gw * x_hat).sum(dims), gw.sum(dims)
-    elif isinstance(m, nn.Conv2d):
-        out["weight"] = torch.nn.grad.conv2d_weight(
-            rec.inputs, m.weight.shape, gw, stride=m.stride, padding=m.padding, dilation=m.dilation
-        )
-        if m.bias is not None:
-            out["bias"] = gw.sum((0, 2, 3))
-    else:  # Linear
-        a2, g2 = rec.inputs.reshape(-1, rec.inputs.shape[-1]), gw.reshape(-1, gw.shape[-1])
-        out["weight"] = g2.t() @ a2
-        if m.bias is not None:
-            out["bias"] = g2.sum(0)
-    prefix = f"{rec.prefix}." if rec.prefix else ""
-    return {prefix + k: v for k, v in out.items()}
+    else:
+        shape = (-1,) + (1,) * (g.dim() - 1)
+        gw = g * w.view(shape)
+        if isinstance(m, nn.GroupNorm):
+            x_hat = F.group_norm(rec.inputs, m.num_groups, eps=m.eps)
+            dims = (0, *range(2, g.dim()))
+            out["weight"], out["bias"] = (gw * x_hat).sum(dims), gw.sum(dims)
+        elif isinstance(m, nn.Conv2d):
+            out["weight"] = torch.nn.grad.conv2d_weight(
+                rec.inputs,
+                m.weight.shape,
+                gw,
+                stride=m.stride,
+                padding=m.padding,
+                dilation=m.dilation,
+            )
+            if m.bias is not None:
+                out["bias"] = gw.sum((0, 2, 3))
+        else:  # Linear: the largest layers; their weight sum accumulates inside the GEMM
+            a2, g2 = rec.inputs.reshape(-1, rec.inputs.shape[-1]), gw.reshape(-1, gw.shape[-1])
+            acc = total.get(prefix + "weight")
+            if acc is not None:
+                acc.addmm_(g2.t(), a2)
+            else:
+                out["weight"] = g2.t() @ a2
+            if m.bias is not None:
+                out["bias"] = g2.sum(0)
+    for k, v in out.items():
+        name = prefix + k
+        if name in total:
+            total[name].add_(v)
+        else:
+            total[name] = v

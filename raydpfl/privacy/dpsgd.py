@@ -117,6 +117,17 @@ def standard_normal_like(t: torch.Tensor, generator: torch.Generator) -> torch.T
     return torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
 
 
+def gaussian_like(t: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """N(0, std²) per entry of `t` (its shape, device and dtype) from `generator`.
+
+    The same draws as ``std * standard_normal_like(t, generator)`` (torch scales inside
+    its Gaussian kernel, so the product costs no pass of its own) and the generator
+    ends in the same state (tested)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format).normal_(
+        0.0, std, generator=generator
+    )
+
+
 def add_gaussian_noise(tensors: Params, std: float, generator: torch.Generator) -> Params:
     """Adds i.i.d. N(0, std²) noise to every entry, in place, and returns `tensors`.
 
@@ -153,9 +164,20 @@ class ClippedSumEngine(Protocol):
     """Computes Σ_i a_i ∇ℓ_i with a_i = weight_rule(‖∇ℓ_i‖) for a resident model."""
 
     def clipped_sum(
-        self, params: Params, x: torch.Tensor, y: torch.Tensor, weight_rule: WeightRule
+        self,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight_rule: WeightRule,
+        *,
+        into: Params | None = None,
     ) -> tuple[Params, StepStats]:
-        """The weighted per-sample gradient sum and the step's statistics."""
+        """The weighted per-sample gradient sum and the step's statistics.
+
+        With `into` (one tensor per parameter, same names and shapes) the sum is added
+        to those tensors in place and they are returned: an engine may fold the addition
+        into its own products (a GEMM that accumulates) instead of forming the sum first.
+        """
         ...
 
 
@@ -211,13 +233,16 @@ class PerSampleGradients:
         x: torch.Tensor,
         y: torch.Tensor,
         weight_rule: WeightRule,
+        *,
+        into: Params | None = None,
     ) -> tuple[Params, StepStats]:
         """Σ_i a_i g_i with a_i = weight_rule(‖g_i‖), plus step statistics.
 
         A `LossWeightRule` gets a_i = weight_rule(‖g_i‖, ℓ_i) instead. An empty batch
-        gives zero tensors shaped like `params`.
+        gives zero tensors shaped like `params` (or `into` unchanged). With `into` the
+        sum is added to those tensors in place (see `ClippedSumEngine`).
         """
-        total = {name: torch.zeros_like(p) for name, p in params.items()}
+        total = into if into is not None else {n: torch.zeros_like(p) for n, p in params.items()}
         n, clipped, norm_sum = x.shape[0], 0, 0.0
         with_losses = needs_losses(weight_rule)
         for start in range(0, n, self.max_chunk):
@@ -262,9 +287,8 @@ def dp_sgd_gradient(
         weight_rule: Maps per-sample norms to weights; must keep every ‖a_i g_i‖ ≤ C.
             Defaults to flat clipping at C.
     """
-    summed, stats = _checked_clipped_sum(
-        engine, params, x, y, clip_norm, noise_multiplier, expected_batch_size, weight_rule
-    )
+    rule = _checked_rule(clip_norm, noise_multiplier, expected_batch_size, weight_rule)
+    summed, stats = engine.clipped_sum(params, x, y, rule)
     add_gaussian_noise(summed, noise_multiplier * clip_norm, generator)
     for t in summed.values():
         t.div_(expected_batch_size)
@@ -286,45 +310,40 @@ def dp_sgd_step_(
 ) -> StepStats:
     """One DP-SGD step in place: params ← params − lr · `dp_sgd_gradient(...)`.
 
-    The same clipped sum and the same noise draws (one ``randn`` per tensor, in
-    parameter order, from `generator`), applied as p ← p − (lr/B)·s − (lr·σC/B)·z:
-    equal to subtracting the privatised gradient up to float rounding, with two passes
-    over each parameter instead of four (the noisy sum, the division and the update are
-    not formed separately). The privacy argument is unchanged: the update is a
-    post-processing of Σ a_i g_i + N(0, σ²C²I).
+    The same clipped sum and the same noise draws (one draw per tensor, in parameter
+    order, from `generator`: `gaussian_like`), applied as p ← p − (lr/B)·(z + s) with
+    z ~ N(0, σ²C²I): equal to subtracting the privatised gradient up to float rounding.
+    The noise is drawn first and the engine adds the clipped sum s into it
+    (`ClippedSumEngine.clipped_sum(into=...)`), inside its weight-gradient products
+    where it can, so the noisy sum costs no pass of its own and the update is one pass
+    per tensor. The privacy argument is unchanged: the update is a post-processing of
+    Σ a_i g_i + N(0, σ²C²I). The engine does not draw from `generator`, so drawing the
+    noise before the sum leaves every draw where `dp_sgd_gradient` makes it.
     """
-    summed, stats = _checked_clipped_sum(
-        engine, params, x, y, clip_norm, noise_multiplier, expected_batch_size, weight_rule
-    )
+    rule = _checked_rule(clip_norm, noise_multiplier, expected_batch_size, weight_rule)
     std = noise_multiplier * clip_norm
+    noise = {n: gaussian_like(p, std, generator) for n, p in params.items()} if std > 0 else None
+    summed, stats = engine.clipped_sum(params, x, y, rule, into=noise)
     scale = lr / expected_batch_size
     for name, s in summed.items():  # the engine returns the caller's parameter order
-        p = params[name]
-        p.add_(s, alpha=-scale)
-        if std > 0:
-            p.add_(standard_normal_like(s, generator), alpha=-scale * std)
+        params[name].add_(s, alpha=-scale)
     return stats
 
 
-def _checked_clipped_sum(
-    engine: ClippedSumEngine,
-    params: Params,
-    x: torch.Tensor,
-    y: torch.Tensor,
+def _checked_rule(
     clip_norm: float,
     noise_multiplier: float,
     expected_batch_size: float,
     weight_rule: WeightRule | None,
-) -> tuple[Params, StepStats]:
-    """The argument checks and the clipped sum Σ a_i g_i of one DP-SGD step (flat clipping
-    at C unless a `weight_rule` is given), shared by `dp_sgd_gradient` and `dp_sgd_step_`."""
+) -> WeightRule:
+    """The argument checks of one DP-SGD step and its weight rule (flat clipping at C
+    unless a `weight_rule` is given), shared by `dp_sgd_gradient` and `dp_sgd_step_`."""
     if clip_norm <= 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
     if expected_batch_size <= 0:
         raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size}")
     if noise_multiplier * clip_norm < 0:
         raise ValueError(f"noise std must be >= 0, got {noise_multiplier * clip_norm}")
-    rule = (
-        weight_rule if weight_rule is not None else (lambda norms: clip_weights(norms, clip_norm))
-    )
-    return engine.clipped_sum(params, x, y, rule)
+    if weight_rule is not None:
+        return weight_rule
+    return lambda norms: clip_weights(norms, clip_norm)

@@ -264,11 +264,10 @@ class MultiClientDPSGD:
         device, dtype = ref.device, ref.dtype
         sizes = [int(i.numel()) for i in client_indices]
         std = noise_multiplier * clip_norm
-        # The sequential step's scales lr/(q·|D_i|) and lr·σC/(q·|D_i|), computed as it
-        # computes them (Python floats), then cast to the parameters' dtype.
+        # The sequential step's scales lr/(q·|D_i|), computed as it computes them (Python
+        # floats), then cast to the parameters' dtype.
         scales = [lr / (sampling_rate * n) for n in sizes]
         step_scale = torch.tensor(scales, dtype=dtype, device=device)
-        noise_scale = torch.tensor([a * std for a in scales], dtype=dtype, device=device)
         all_rows = torch.cat([i.to(device) for i in client_indices])
         owner = torch.repeat_interleave(
             torch.arange(c, device=device), torch.tensor(sizes, device=device)
@@ -317,15 +316,14 @@ class MultiClientDPSGD:
             clipped[:, step] = torch.where(
                 counts_cpu > 0, clipped_cpu.double() / counts_cpu.clamp(min=1).double(), 0.0
             )
-            # each client's SGD step on its own noisy sum over its own q·|D_i|, fused as
-            # in `dp_sgd_step_`: p ← p − (lr/B)·s − (lr·σC/B)·z
+            # each client's SGD step on its own noisy sum over its own q·|D_i|, as in
+            # `dp_sgd_step_`: p ← p − (lr/B)·(z + s), z ~ N(0, σ²C²I)
             if stacked is None:
                 stacked = {n: p.unsqueeze(0).repeat(c, *([1] * p.dim())) for n, p in start.items()}
             for name, s in summed.items():
                 shape = (-1, *([1] * (s.dim() - 1)))
-                stacked[name].addcmul_(s, step_scale.view(shape), value=-1)
-                if noise is not None:
-                    stacked[name].addcmul_(noise[name], noise_scale.view(shape), value=-1)
+                noisy = s if noise is None else noise[name].add_(s)
+                stacked[name].addcmul_(noisy, step_scale.view(shape), value=-1)
         if stacked is None:  # τ = 0
             updates = {
                 n: torch.zeros((c, *p.shape), dtype=p.dtype, device=device)
@@ -369,8 +367,8 @@ class MultiClientDPSGD:
     def _draw_noise(
         params: Params, generators: Sequence[torch.Generator], std: float
     ) -> Params | None:
-        """Per client, one standard normal draw per tensor in parameter order (what
-        `add_gaussian_noise` draws); none at all when std is 0, as there."""
+        """Per client, N(0, std²) per entry, one draw per tensor in parameter order (what
+        `dp_sgd_step_` draws: `gaussian_like`); none at all when std is 0, as there."""
         if std == 0:
             return None
         c = len(generators)
@@ -378,11 +376,10 @@ class MultiClientDPSGD:
         for i, g in enumerate(generators):
             for name, p in params.items():
                 if g.device == p.device:
-                    noise[name][i].normal_(generator=g)
-                else:  # a generator on another device: draw there, as randn would
-                    noise[name][i].copy_(
-                        torch.randn(p.shape, generator=g, device=g.device, dtype=p.dtype)
-                    )
+                    noise[name][i].normal_(0.0, std, generator=g)
+                else:  # a generator on another device: draw there, as `gaussian_like` would
+                    draw = torch.empty(p.shape, dtype=p.dtype, device=g.device)
+                    noise[name][i].copy_(draw.normal_(0.0, std, generator=g))
         return noise
 
     def _shared_step(

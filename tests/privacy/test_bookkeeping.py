@@ -68,6 +68,13 @@ def test_bookkeeping_equals_materialised_per_sample_gradients(name):
     for k in expected:
         torch.testing.assert_close(actual[k], expected[k], rtol=1e-4, atol=1e-5)
     assert stats.batch_size == 13 and stats.clipped_fraction == expected_stats.clipped_fraction
+    # accumulating into given tensors (DP-SGD's noise) gives the same sum on every layer
+    # rule, the fused Linear GEMM included; a second chunk adds to the same tensors
+    base = {k: torch.full_like(p, 0.25) for k, p in params.items()}
+    into = {k: b.clone() for k, b in base.items()}
+    BookkeepingClipping(model, max_chunk=8).clipped_sum(params, x, y, rule, into=into)
+    for k in expected:
+        torch.testing.assert_close(into[k] - base[k], expected[k], rtol=1e-4, atol=1e-5)
 
 
 def test_any_weight_rule_gives_the_same_weighted_sum():

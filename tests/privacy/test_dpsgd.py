@@ -10,8 +10,10 @@ from raydpfl.privacy.dpsgd import (
     clip_weights,
     dp_sgd_gradient,
     dp_sgd_step_,
+    gaussian_like,
     per_sample_norms,
     poisson_sample,
+    standard_normal_like,
 )
 
 
@@ -231,3 +233,44 @@ def test_fused_step_rejects_invalid_arguments(bad, message):
     kwargs.update(bad)
     with pytest.raises(ValueError, match=message):
         dp_sgd_step_(PerSampleGradients(model), params, x, y, lr=0.1, **kwargs)
+
+
+@pytest.mark.parametrize("shape", [(7,), (64, 33), (3, 2, 5, 5)])
+def test_gaussian_like_draws_what_a_scaled_standard_normal_draws(shape):
+    """Scaling inside the Gaussian kernel changes no draw: the same values as std·randn
+    (to float rounding) and the generator left in the same state, small tensors (torch's
+    scalar path) and large ones (its vectorised path) alike."""
+    t = torch.empty(shape)
+    g1, g2 = _gen(5), _gen(5)
+    scaled = gaussian_like(t, 2.5, g1)
+    expected = 2.5 * standard_normal_like(t, g2)
+    torch.testing.assert_close(scaled, expected, rtol=1e-6, atol=0)
+    assert scaled.shape == t.shape and scaled.dtype == t.dtype
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+@pytest.mark.parametrize("engine_kind", ["vmap", "bookkeeping"])
+@pytest.mark.parametrize("n", [0, 9])
+def test_clipped_sum_into_adds_the_sum_to_the_given_tensors(engine_kind, n):
+    """`into=` returns the caller's own tensors with the clipped sum added (the fused
+    GEMM for Linear layers), equal to adding the separately formed sum; an empty batch
+    leaves them unchanged."""
+    from raydpfl.privacy.dpsgd import make_engine
+
+    model, params, x, y = _model_and_batch(max(n, 1))
+    x, y = x[:n], y[:n]
+    engine = make_engine(model, engine_kind)
+    rule = lambda norms: clip_weights(norms, 0.5)  # noqa: E731
+    base = {k: torch.randn(p.shape, generator=_gen(3)) for k, p in params.items()}
+    into = {k: b.clone() for k, b in base.items()}
+
+    summed, stats = engine.clipped_sum(params, x, y, rule)
+    out, into_stats = engine.clipped_sum(params, x, y, rule, into=into)
+
+    assert list(out) == list(params)
+    assert all(out[k] is into[k] for k in params)  # added in place, nothing new
+    for k in params:
+        torch.testing.assert_close(out[k], base[k] + summed[k], rtol=1e-6, atol=1e-6)
+    assert into_stats == stats
+    if n == 0:
+        assert all(torch.equal(out[k], base[k]) for k in params)
