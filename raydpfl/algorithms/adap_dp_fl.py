@@ -74,7 +74,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -190,7 +190,6 @@ class AdapDpFl(Algorithm):
         normalizer: DP-SGD divisor, as in `AliDpfl` (``actual`` is labelled unaccounted).
     """
 
-    resumable = False  # server-side schedule state is not checkpointed yet
     name = "adap_dp_fl"
     is_private = True
     linear_aggregation = False  # C_k needs each client's own statistics
@@ -273,6 +272,32 @@ class AdapDpFl(Algorithm):
         self.rounds_done = 0
         self._round_sigma = noise_multiplier
         self._round_clips: list[float] = []
+
+    # ---- checkpoints ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The schedule: σ of the next round, every client's C_k, the every-round client's
+        accounting history, the recorded losses and the rounds done (all scalars: JSON;
+        Python floats round-trip exactly). The round's σ and clips are written too,
+        though `after_round` has already reported them when a checkpoint is taken."""
+        return {
+            "sigma": self.sigma,
+            "clip_norms": {str(c): v for c, v in sorted(self.clip_norms.items())},
+            "history": [list(e) for e in self.history],
+            "losses": [None if math.isnan(v) else v for v in self.losses],
+            "rounds_done": self.rounds_done,
+            "round_sigma": self._round_sigma,
+            "round_clips": list(self._round_clips),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores `state_dict` (a NaN loss was stored as null and comes back as NaN)."""
+        self.sigma = float(state["sigma"])
+        self.clip_norms = {int(c): float(v) for c, v in state["clip_norms"].items()}
+        self.history = [(float(s), float(q), int(k)) for s, q, k in state["history"]]
+        self.losses = [math.nan if v is None else float(v) for v in state["losses"]]
+        self.rounds_done = int(state["rounds_done"])
+        self._round_sigma = float(state["round_sigma"])
+        self._round_clips = [float(v) for v in state["round_clips"]]
 
     # ---- accounting ----------------------------------------------------------------
     def _train_entry(self, sigma: float) -> HistoryEntry:

@@ -146,6 +146,9 @@ class WeightedUpdateSum:
                 self.total[n].add_(t, alpha=weight)
         self.weight += weight
         self.count += 1
+        self._add_metrics(metrics)
+
+    def _add_metrics(self, metrics: Mapping[str, float]) -> None:
         for k, v in metrics.items():
             self.metric_sums[k] = self.metric_sums.get(k, 0.0) + float(v)
             self.metric_counts[k] = self.metric_counts.get(k, 0) + 1
@@ -196,7 +199,8 @@ class Algorithm(abc.ABC):
     #: True when the round's results only feed a weighted mean of updates: workers may
     #: then sum them where they are produced, and the server calls `aggregate_sum`.
     linear_aggregation: ClassVar[bool] = False
-    #: Whether a checkpointed run of this algorithm can be resumed (see `state_dict`).
+    #: Whether a checkpointed run of this algorithm can be resumed (see `state_dict` and
+    #: `tensor_state`). False makes the server skip checkpoints and refuse ``--resume``.
     resumable: ClassVar[bool] = True
 
     # ---- server half -------------------------------------------------------------
@@ -265,13 +269,44 @@ class Algorithm(abc.ABC):
         """The server half's mutable state, JSON-serialisable (checkpoints).
 
         Algorithms whose server half keeps state across rounds override this and
-        `load_state_dict`; one that cannot be restored sets `resumable = False`.
+        `load_state_dict`; tensors go to `tensor_state` instead. One that cannot be
+        restored sets `resumable = False`.
         """
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what `state_dict` returned (nothing, for a stateless server half)."""
         return None
+
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        """The server half's mutable tensor state (checkpoints), beside `state_dict`.
+
+        Tensors (control variates, server momentum, per-client state parked on the
+        server because workers are stateless) would be lossy or huge as JSON, so the
+        checkpoint saves them in a tensors-only torch file instead. Keys are flat and
+        deterministic: ``"{field}/{name}"`` for one server-wide parameter dict and
+        ``"{field}/{client_id}/{name}"`` for per-client ones (written and read by
+        `raydpfl.algorithms.tensor_state`). The default, for algorithms without tensor
+        state, is {}.
+        """
+        return {}
+
+    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restores what `tensor_state` returned, after `load_state_dict`.
+
+        The tensors come on the server's device; an algorithm that keeps some of them
+        elsewhere (e.g. on the CPU) moves them itself. An empty mapping means "no tensor
+        state yet" (also what a checkpoint without a tensor file gives). The default
+        accepts only that: tensors this algorithm does not keep mean the checkpoint
+        belongs to another algorithm or was altered, so it raises instead of ignoring them.
+        """
+        if tensors:
+            keys = sorted(tensors)
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            raise ValueError(
+                f"algorithm {self.name!r} keeps no tensor state, but the checkpoint holds "
+                f"tensor state entries {keys[:3]}{more}"
+            )
 
     def stop_reason(self) -> str | None:
         """Why the run must stop before the next round (e.g. an iteration budget is

@@ -78,6 +78,7 @@ from raydpfl.algorithms.base import (
     ClientTask,
     Params,
 )
+from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
 from raydpfl.privacy.ledger import PrivacyCost
 
 Mechanism = Literal["gaussian", "laplace", "none"]
@@ -164,9 +165,7 @@ class DpflBcs(Algorithm):
         self.sampler = sampler
         self.weight_decay = float(weight_decay)
         self.server_momentum = float(server_momentum)
-        self._velocity: Params | None = None
-        if self.server_momentum:
-            self.resumable = False  # type: ignore[misc]  (the velocity is not checkpointed)
+        self._velocity: Params | None = None  # server momentum v (checkpointed as tensors)
         self.pfa_public_fraction = float(pfa_public_fraction)
         self.pfa_rank = int(pfa_rank)
         self.eps = np.asarray(epsilons, dtype=float)
@@ -206,7 +205,6 @@ class DpflBcs(Algorithm):
         self.selected_stage1 = np.zeros((max(self.t0, 1), self.n), dtype=bool)
         self.estimates: dict[str, Any] = {}
         self.plan_history: dict[str, list[int]] = {}
-        self._pending: dict[int, dict[str, float]] = {}
         self._psg: dict[int, Any] = {}
         self.stage = 1 if selection == "bcs" else 2
         horizon = self.rounds - self.t0 if selection == "bcs" else self.rounds
@@ -607,6 +605,25 @@ class DpflBcs(Algorithm):
         self.selected_stage1 = np.array([arr(r, bool) for r in state["selected_stage1"]])
         self.estimates = dict(state["estimates"])
         self.plan_history = {k: list(v) for k, v in state["plan_history"].items()}
+
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        """The server momentum v under ``velocity/<name>`` once it exists (β > 0)."""
+        if self._velocity is None:
+            return {}
+        return pack_tensors("velocity", self._velocity)
+
+    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restores v (no entry: no momentum step has run yet, v stays unset)."""
+        shared, _ = unpack_tensor_state(tensors, shared=("velocity",))
+        velocity = shared.get("velocity")
+        if velocity is not None and not self.server_momentum:
+            raise ValueError(
+                "the checkpoint holds a server momentum velocity, but this run has "
+                "dpfl_bcs.server_momentum = 0"
+            )
+        self._velocity = (
+            {n: t.clone() for n, t in velocity.items()} if velocity is not None else None
+        )
 
     # ---- client half -----------------------------------------------------------------
     def _loss(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

@@ -16,7 +16,8 @@ paper's DP setting. Algorithm-specific terms (proximal, control variate, dynamic
 regulariser) are added to the privatised gradient; they depend on the client's data only
 through its earlier DP releases, so they are post-processing and each DP task costs
 exactly `PrivacyCost(σ, q, τ)`. Per-client state (c_i, h_i) lives in the server half and
-travels in `ClientTask.payload`; workers are stateless.
+travels in `ClientTask.payload`; workers are stateless. Checkpoints save it, with the
+server's c or h, as the algorithm's tensor state (`Algorithm.tensor_state`).
 
 DP q-FFL needs each client's loss F_k(w_t): it is released by a ``loss`` follow-up task
 after aggregation (the loss of the new global model, clipped to [0, C_l], summed over an
@@ -46,6 +47,7 @@ from raydpfl.algorithms.base import (
     uniform_cohort,
 )
 from raydpfl.algorithms.fedfdp_theory import next_loss_clip_bound, private_mean_loss
+from raydpfl.algorithms.tensor_state import pack_client_tensors, pack_tensors, unpack_tensor_state
 from raydpfl.privacy.dpsgd import WeightRule, dp_sgd_step_, poisson_sample
 from raydpfl.privacy.ledger import PrivacyCost
 
@@ -443,6 +445,33 @@ def _run(
     )
 
 
+def _load_server_and_clients(
+    algo: Algorithm, tensors: Mapping[str, torch.Tensor], server: str, clients: str
+) -> tuple[Params | None, dict[int, Params]]:
+    """(server-wide state or None, per-client states) from a tensor state holding the
+    fields `server` and `clients` (SCAFFOLD's c and c_i, FedDyn's h and h_i).
+
+    Copies, so restored state never aliases the loaded file's tensors. Per-client
+    entries without the server-wide state, or with other parameter names than it,
+    cannot come from this algorithm's `tensor_state`: ValueError naming the field."""
+    shared, per_client = unpack_tensor_state(tensors, shared=(server,), per_client=(clients,))
+    state = shared.get(server)
+    by_client = {
+        c: {n: t.clone() for n, t in p.items()}
+        for c, p in sorted(per_client.get(clients, {}).items())
+    }
+    if by_client and state is None:
+        raise ValueError(f"tensor state has {clients!r} entries but no {server!r}")
+    for c, p in by_client.items():
+        if state is not None and set(p) != set(state):
+            raise ValueError(
+                f"tensor state {clients}/{c} has parameters {sorted(p)}, "
+                f"but {server!r} has {sorted(state)}"
+            )
+    restored = {n: t.clone() for n, t in state.items()} if state is not None else None
+    return restored, by_client
+
+
 # --------------------------------------------------------------------------------------- #
 # FedProx
 # --------------------------------------------------------------------------------------- #
@@ -499,7 +528,6 @@ class Scaffold(_Base):
     """SCAFFOLD with option-II control variates and global step η_g (server state)."""
 
     name = "scaffold"
-    resumable = False  # control variates are tensors, not JSON state
 
     def __init__(self, *, global_lr: float = 1.0, num_clients: int, **kw: Any) -> None:
         super().__init__(**kw)
@@ -552,6 +580,16 @@ class Scaffold(_Base):
             self.c[n].add_(dc[n], alpha=1.0 / self.num_clients)
         return new
 
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        """c under ``c/<name>`` and each c_i under ``c_i/<client>/<name>`` (both unset
+        until the first round with results)."""
+        server = pack_tensors("c", self.c) if self.c is not None else {}
+        return {**server, **pack_client_tensors("c_i", self.c_i)}
+
+    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restores c and every client's c_i (on the server's device, where they live)."""
+        self.c, self.c_i = _load_server_and_clients(self, tensors, "c", "c_i")
+
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
@@ -587,7 +625,6 @@ class FedDyn(_Base):
     """FedDyn: dynamic regularisation with per-client h_i and server state h."""
 
     name = "feddyn"
-    resumable = False
 
     def __init__(self, *, alpha: float = 0.01, num_clients: int, **kw: Any) -> None:
         super().__init__(**kw)
@@ -628,6 +665,16 @@ class FedDyn(_Base):
         return {
             n: global_params[n] + mean_delta[n] - self.h[n] / self.alpha for n in global_params
         }
+
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        """h under ``h/<name>`` and each h_i under ``h_i/<client>/<name>`` (both unset
+        until the first round with results)."""
+        server = pack_tensors("h", self.h) if self.h is not None else {}
+        return {**server, **pack_client_tensors("h_i", self.h_i)}
+
+    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restores h and every client's h_i (on the server's device, where they live)."""
+        self.h, self.h_i = _load_server_and_clients(self, tensors, "h", "h_i")
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask

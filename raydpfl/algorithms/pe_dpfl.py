@@ -52,7 +52,8 @@ Released without accounting: the clients' dataset sizes (aggregation weights).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -154,7 +155,6 @@ class PeDpfl(Algorithm):
         num_perturbations: Draws of ξ per local step.
     """
 
-    resumable = False  # server-side schedule state is not checkpointed yet
     name = "pe_dpfl"
     is_private = True
     linear_aggregation = True
@@ -211,6 +211,16 @@ class PeDpfl(Algorithm):
     def round_cost(self) -> PrivacyCost:
         """What one round charges each participant."""
         return PrivacyCost(self.noise_multiplier, 1.0, 1)
+
+    # ---- checkpoints ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The rounds run so far: the only server state (K_ε and the cap are fixed at
+        construction from the config, and the cohort comes from the round's RNG stream)."""
+        return {"rounds_done": self.rounds_done}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores `state_dict`."""
+        self.rounds_done = int(state["rounds_done"])
 
     # ---- server half ---------------------------------------------------------------
     def stop_reason(self) -> str | None:

@@ -57,14 +57,14 @@ transformation under ``c{n}/input_transform.*`` (unprefixed names are the shared
 `evaluation_model_keys` names ``c{n}`` for client n, and the simulator scores w ∘ T_n on
 client n's own test split (the central test figures are the pooled client test splits, so
 these runs need ``data.client_test_fraction > 0``). Training clients read only their own
-payload. Runs cannot be resumed from a checkpoint (the transformations are tensors, not the
-server's JSON state).
+payload. Checkpoints save every client's T_n in the algorithm's tensor state (keyed
+``transform/{n}/{name}``, see `Algorithm.tensor_state`), so runs resume bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +74,15 @@ import torch
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask, Params
 from raydpfl.algorithms.dpfl_bcs import DpflBcs
 from raydpfl.algorithms.multi_model import join_models, shared_params
+from raydpfl.algorithms.tensor_state import pack_client_tensors, unpack_tensor_state
 from raydpfl.models.input_transform import (
     INPUT_TRANSFORM,
     apply_input_transform,
     identity_input_transform,
 )
+
+#: The tensor-state field of the per-client transformations.
+TRANSFORM = "transform"
 
 
 def client_key(client: int) -> str:
@@ -99,7 +103,6 @@ class PrivateFl(DpflBcs):
     """PRIVATEFL (``selection="uniform"``) and PRIVATEFL-BCS (``selection="bcs"``)."""
 
     name = "bcs_privatefl"
-    resumable = False  # the per-client transformations are not in the JSON state
 
     def __init__(
         self, *, input_shape: Sequence[int], train_transform: bool = True, **kwargs: Any
@@ -166,6 +169,24 @@ class PrivateFl(DpflBcs):
             "transformation itself is trained with noise, so it is post-processing of charged "
             "releases)",
         ]
+
+    # ---- checkpoints -----------------------------------------------------------------
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        """DPFL-BCS's tensor state plus every trained client's T_n (``transform/{n}/*``);
+        clients never trained are at the identity and need no entry."""
+        return {**super().tensor_state(), **pack_client_tensors(TRANSFORM, self.transforms)}
+
+    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restores the transformations (kept on the CPU, as `aggregate` keeps them) and
+        hands the other entries to DPFL-BCS."""
+        prefix = f"{TRANSFORM}/"
+        own = {k: t for k, t in tensors.items() if k.startswith(prefix)}
+        super().load_tensor_state({k: t for k, t in tensors.items() if k not in own})
+        _, clients = unpack_tensor_state(own, per_client=(TRANSFORM,))
+        self.transforms = {
+            c: {n: t.detach().to("cpu").clone() for n, t in state.items()}
+            for c, state in sorted(clients.get(TRANSFORM, {}).items())
+        }
 
     # ---- client half -----------------------------------------------------------------
     def _forward(self, model: torch.nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:

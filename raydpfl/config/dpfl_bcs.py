@@ -111,7 +111,7 @@ class DpflBcsConfig:
     sampler: Literal["systematic", "choice"] = "systematic"
     weight_decay: float = 0.0  # server-side, ŵ ← ŵ − η_t·λ·ŵ (§11.5 [REC]: 2e-4)
     # Server momentum β on the aggregated (noisy) update; post-processing (§11.5 [REC]).
-    # Runs with β > 0 cannot be resumed from a checkpoint.
+    # Its velocity is checkpointed with the run (tensor state), so `--resume` works.
     server_momentum: float = 0.0
     # Ledger accountant; null = experiment.privacy.accountant. zcdp is the calibration's own.
     accountant: Literal["zcdp", "rdp", "dp_rdp", "pld", "prv"] | None = "zcdp"

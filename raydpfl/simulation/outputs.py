@@ -9,8 +9,10 @@ Layout (see README "Outputs"):
     summary.json      final figures and the privacy statement
     model.pt          the final global parameters (a plain state dict)
     ledger_log.jsonl  every charge batch, appended and synced before its tasks run
-    checkpoint/       state.json + params-NNNNNNN.pt every `runtime.checkpoint_every`
-                      rounds (`raydpfl run --resume RUN_DIR` continues from it)
+    checkpoint/       state.json + params-NNNNNNN.pt (+ algorithm-NNNNNNN.pt, the
+                      algorithm's tensor state, when it has any) every
+                      `runtime.checkpoint_every` rounds (`raydpfl run --resume RUN_DIR`
+                      continues from it)
     clients.parts/    per-round client tables while the run is going (merged at the end)
 
 Tables are written as they grow, so an interrupted run keeps every finished round.
@@ -34,6 +36,8 @@ import torch
 CLIENT_PARTS = "clients.parts"
 CHARGE_LOG = "ledger_log.jsonl"
 CHECKPOINT_DIR = "checkpoint"
+#: The state.json key naming the algorithm's tensor-state file (absent: no tensor state).
+TENSORS_KEY = "algorithm_tensors_file"
 
 CLIENT_SCHEMA = pa.schema(
     [
@@ -108,6 +112,29 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """torch.save of detached CPU copies via a temp file and a rename (atomic).
+
+    Copies, so that tensors sharing storage (views) are saved, and later loaded, as
+    independent tensors of their own size."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({n: t.detach().to("cpu").clone() for n, t in tensors.items()}, tmp)
+    os.replace(tmp, path)
+
+
+def _checked_tensor_dict(loaded: Any, path: Path) -> dict[str, torch.Tensor]:
+    """`loaded` if it is a flat ``{str: Tensor}`` dict; ValueError naming the bad entry."""
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} must hold a dict of tensors, not {type(loaded).__name__}")
+    for key, value in loaded.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"{path}: entry {key!r} must map a string to a tensor, "
+                f"not to {type(value).__name__}"
+            )
+    return loaded
+
+
 class RunWriter:
     """Writes a run's tables and files as the run goes."""
 
@@ -167,24 +194,33 @@ class RunWriter:
         return read_charge_log(self.run_dir)
 
     def write_checkpoint(
-        self, rounds_completed: int, params: Mapping[str, torch.Tensor], state: Mapping[str, Any]
+        self,
+        rounds_completed: int,
+        params: Mapping[str, torch.Tensor],
+        state: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         """Atomically records the server after `rounds_completed` rounds.
 
-        The parameters go to a round-stamped file first; `state.json` (which names that
-        file) is replaced last, so a crash at any point leaves the previous checkpoint
-        or the new one, never a mix. Formats: JSON and a tensors-only torch file.
+        The parameters (and the algorithm's `tensors`, if any) go to round-stamped files
+        first; `state.json` (which names those files) is replaced last, so a crash at any
+        point leaves the previous checkpoint or the new one, never a mix. Formats: JSON
+        and tensors-only torch files. Without tensors, state.json names no tensor file
+        (as checkpoints written before tensor state existed), which reads as empty.
         """
         ckpt = self.run_dir / CHECKPOINT_DIR
         ckpt.mkdir(exist_ok=True)
         name = f"params-{rounds_completed:07d}.pt"
-        tmp = ckpt / (name + ".tmp")
-        torch.save({n: t.detach().cpu() for n, t in params.items()}, tmp)
-        os.replace(tmp, ckpt / name)
-        write_json(ckpt / "state.json", {**state, "params_file": name})
-        for old in ckpt.glob("params-*.pt"):
-            if old.name != name:
-                old.unlink()
+        _save_tensors(params, ckpt / name)
+        files = {"params_file": name}
+        if tensors:
+            files[TENSORS_KEY] = f"algorithm-{rounds_completed:07d}.pt"
+            _save_tensors(tensors, ckpt / files[TENSORS_KEY])
+        write_json(ckpt / "state.json", {**state, **files})
+        for pattern, key in (("params-*.pt", "params_file"), ("algorithm-*.pt", TENSORS_KEY)):
+            for old in ckpt.glob(pattern):
+                if old.name != files.get(key):
+                    old.unlink()
 
     def read_checkpoint(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """The last checkpoint's state and parameters (`weights_only` loading)."""
@@ -198,6 +234,28 @@ class RunWriter:
         state = json.loads(state_path.read_text(encoding="utf-8"))
         params = torch.load(ckpt / state["params_file"], weights_only=True)
         return state, params
+
+    def read_checkpoint_tensors(self, state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """The algorithm's tensor state named by the checkpoint `state` (CPU tensors).
+
+        A checkpoint that names no tensor file has none: {}. A named file that is missing,
+        or that holds anything but a flat ``{str: Tensor}`` dict, raises (the checkpoint
+        is incomplete or was altered); `weights_only` loading never runs pickled code.
+        """
+        name = state.get(TENSORS_KEY)
+        if name is None:
+            return {}
+        path = self.run_dir / CHECKPOINT_DIR / str(name)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"checkpoint state.json names {TENSORS_KEY}={name!r}, but {path} is missing"
+            )
+        try:
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # e.g. UnpicklingError: pickled code, a damaged file
+            exc.add_note(f"while reading the algorithm's checkpoint tensor state {path}")
+            raise
+        return _checked_tensor_dict(tensors, path)
 
     def prepare_resume(self, rounds_completed: int, rows: list[dict[str, Any]]) -> None:
         """Drops outputs of rounds after the checkpoint (they will be re-run)."""

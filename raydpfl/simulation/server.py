@@ -17,6 +17,7 @@ The same class runs in-process and inside a Ray actor; it never imports Ray.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,7 +170,10 @@ class Server:
             every = self.settings.checkpoint_every
             if every and self.rounds_completed % every == 0 and self.algorithm.resumable:
                 self.writer.write_checkpoint(
-                    self.rounds_completed, self.params, self.checkpoint_state()
+                    self.rounds_completed,
+                    self.params,
+                    self.checkpoint_state(),
+                    self.algorithm.tensor_state(),
                 )
         if self.on_round is not None:
             self.on_round(row)
@@ -231,12 +235,13 @@ class Server:
 
     # ---- checkpoints ----------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
-        """What a resumed run needs besides the parameters (JSON)."""
+        """What a resumed run needs besides the parameters and the algorithm's tensor
+        state (`Algorithm.tensor_state`, saved to its own file by the writer): JSON."""
         return {
             "format": 1,
             "rounds_completed": self.rounds_completed,
             "stop_reason": self.stop_reason,
-            "rows": self.rows,
+            "rows": [_encode_nonfinite(r) for r in self.rows],
             "ledger": self.ledger.to_dict() if self.ledger is not None else None,
             "algorithm": self.algorithm.state_dict(),
         }
@@ -246,7 +251,8 @@ class Server:
 
         Rounds after the checkpoint are re-run; their outputs are dropped and re-written.
         The RNG streams derive from (seed, round, client), so the replay is the same
-        computation, and it is checked against the charges logged before the crash.
+        computation, and it is checked against the charges logged before the crash. The
+        algorithm gets its JSON state, then its tensor state on the server's device.
         """
         if self.writer is None:
             raise ValueError("resume needs the run directory's writer")
@@ -261,12 +267,14 @@ class Server:
         # initial parameters: restore the saved dict as it is, on the server's device.
         device = next(iter(self.params.values())).device
         self.params = {n: t.to(device) for n, t in params.items()}
+        tensors = self.writer.read_checkpoint_tensors(state)
         self.rounds_completed = int(state["rounds_completed"])
         self.stop_reason = state["stop_reason"]
         self.rows = [_restore_nans(r) for r in state["rows"]]
         if self.ledger is not None:
             self.ledger = PrivacyLedger.from_dict(state["ledger"])
         self.algorithm.load_state_dict(state["algorithm"])
+        self.algorithm.load_tensor_state({n: t.to(device) for n, t in tensors.items()})
         self._logged = {
             r: batches
             for r, batches in self.writer.read_charge_log().items()
@@ -428,9 +436,31 @@ class Server:
         return out
 
 
+#: How a checkpointed row spells a non-finite float (JSON has none; the writer would
+#: turn it into null, and ±inf, e.g. a non-private run's ε, must come back as ±inf).
+_NONFINITE = "__nonfinite__"
+
+
+def _encode_nonfinite(row: Mapping[str, Any]) -> dict[str, Any]:
+    """`row` with each non-finite float as ``{"__nonfinite__": "nan" | "inf" | "-inf"}``."""
+    return {
+        k: {_NONFINITE: repr(v)} if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in row.items()
+    }
+
+
 def _restore_nans(row: Mapping[str, Any]) -> dict[str, Any]:
-    """JSON stores NaN as null; rows keep NaN for 'not evaluated' like a fresh run."""
-    return {k: float("nan") if v is None else v for k, v in row.items()}
+    """Undoes `_encode_nonfinite`, so rows are exactly a fresh run's. Checkpoints written
+    before it stored every non-finite float as null: those come back as NaN."""
+    return {k: _decode_nonfinite(v) for k, v in row.items()}
+
+
+def _decode_nonfinite(value: Any) -> Any:
+    if value is None:
+        return float("nan")
+    if isinstance(value, Mapping) and set(value) == {_NONFINITE}:
+        return float(value[_NONFINITE])
+    return value
 
 
 def _pooled(per_client: Sequence[EvalResult]) -> EvalResult:
