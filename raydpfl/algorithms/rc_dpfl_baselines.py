@@ -202,11 +202,14 @@ class IfcaCDPFL(ClusteredDPFL):
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
         if task.extras.get("pick_init"):
-            losses = [train_loss_and_accuracy(ctx.model, m, data)[0] for m in self.init_models]
+            # The initial models are construction-time (CPU) constants: score them on the
+            # worker's device.
+            candidates = [{n: t.to(ctx.device) for n, t in m.items()} for m in self.init_models]
+            losses = [train_loss_and_accuracy(ctx.model, m, data)[0] for m in candidates]
             choice = int(loss_assignments(np.asarray([losses]))[0])
             with torch.no_grad():
                 for n, t in params.items():
-                    t.copy_(self.init_models[choice][n].to(t.device))
+                    t.copy_(candidates[choice][n])
             result = dp_sgd_local_update(ctx, params, data, task)
             result.metrics["cluster"] = float(choice)
             return result

@@ -333,10 +333,11 @@ class RuntimeConfig:
             f"must be 0, a fraction in (0, 1) or a whole number, got {self.gpus_per_worker}",
         )
         _check(self.gpus_per_worker >= 0, "gpus_per_worker", "must be >= 0")
-        _check(
-            self.aggregation_groups >= self.workers,
+        _check(self.aggregation_groups >= 1, "aggregation_groups", "must be >= 1")
+        _check(  # the local backend has one worker, whatever `workers` says (for Ray)
+            self.backend != "ray" or self.aggregation_groups >= self.workers,
             "aggregation_groups",
-            f"must be >= runtime.workers ({self.workers}) so every worker gets work, "
+            f"must be >= runtime.workers ({self.workers}) so every Ray worker gets work, "
             f"got {self.aggregation_groups}",
         )
         _check(

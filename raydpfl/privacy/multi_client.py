@@ -85,6 +85,19 @@ def pays_off(model: nn.Module, device: torch.device | str) -> bool:
     return sum(p.numel() for p in model.parameters()) <= CPU_MAX_PARAMS
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether `a` and `b` are one device: ``cuda`` (the current device, as a CUDA
+    generator reports it) and ``cuda:0`` are, when 0 is current."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        current = torch.cuda.current_device() if a.type == "cuda" else 0
+        return (a.index if a.index is not None else current) == (
+            b.index if b.index is not None else current
+        )
+    return a.index == b.index
+
+
 @dataclass(frozen=True)
 class MultiClientResult:
     """What a vectorised local update returns for its clients (in input order).
@@ -375,7 +388,7 @@ class MultiClientDPSGD:
         noise = {n: p.new_empty((c, *p.shape)) for n, p in params.items()}
         for i, g in enumerate(generators):
             for name, p in params.items():
-                if g.device == p.device:
+                if same_device(g.device, p.device):
                     noise[name][i].normal_(0.0, std, generator=g)
                 else:  # a generator on another device: draw there, as `gaussian_like` would
                     draw = torch.empty(p.shape, dtype=p.dtype, device=g.device)

@@ -48,8 +48,10 @@ class CentralTestSet:
     y: torch.Tensor
 
     def evaluate(self, params: Params) -> EvalResult:
-        """Loss and accuracy of `params` on the whole set."""
-        return evaluate(self.model, params, self.x, self.y)
+        """Loss and accuracy of `params` on the whole set, on the set's device (the
+        server's parameters live on the CPU; the set may be resident on a GPU)."""
+        on_device = {n: t.to(self.x.device) for n, t in params.items()}
+        return evaluate(self.model, on_device, self.x, self.y)
 
 
 @dataclass

@@ -159,9 +159,12 @@ class ClientWorker:
     def run_tasks(
         self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
     ) -> list[ClientResult]:
-        """Runs tasks in order; results come back in the same order."""
+        """Runs tasks in order; results come back in the same order, on the CPU."""
         broadcast = {n: t.to(self.device) for n, t in global_params.items()}
-        return [self.run_task(broadcast, t) for t in tasks]
+        results = [self.run_task(broadcast, t) for t in tasks]
+        if self.device.type == "cpu":
+            return results
+        return [dataclasses.replace(r, update=_on_host(r.update)) for r in results]
 
     def run_groups(
         self,
@@ -170,9 +173,10 @@ class ClientWorker:
     ) -> list[WeightedUpdateSum]:
         """Runs each group's tasks in order and returns one weighted partial sum per group.
 
-        Only the partial sums leave the worker; per-client updates are dropped as soon
-        as they are added, so memory does not grow with the number of clients. A group
-        the algorithm can train at once is vectorised over its clients (`_vectorise`).
+        Only the partial sums leave the worker, on the CPU; per-client updates are
+        dropped as soon as they are added, so memory does not grow with the number of
+        clients. A group the algorithm can train at once is vectorised over its clients
+        (`_vectorise`).
         """
         broadcast = {n: t.to(self.device) for n, t in global_params.items()}
         out = []
@@ -185,6 +189,9 @@ class ClientWorker:
                 r = self.run_task(broadcast, task)
                 acc.add(r.update, r.weight, r.metrics)
             out.append(acc)
+        for acc in out:
+            if acc.total is not None:
+                acc.total = _on_host(acc.total)
         return out
 
     def _vectorise(self, group: Sequence[ClientTask]) -> bool:
@@ -243,3 +250,10 @@ class ClientWorker:
             chosen = broadcast if key is None else evaluation_params(broadcast, key)
             out.append(evaluate(self.model, chosen, self.x[idx], self.y[idx]))
         return out
+
+
+def _on_host(params: Mapping[str, torch.Tensor]) -> Params:
+    """`params` on the CPU: what a worker hands back to the server, whose parameters
+    live on the CPU, and what may cross a process boundary to a server actor without a
+    GPU. A no-op for CPU tensors."""
+    return {n: t.cpu() for n, t in params.items()}

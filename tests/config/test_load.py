@@ -171,3 +171,18 @@ def test_shipped_configs_load_and_round_trip(path):
 
     assert again == config
     assert dataclasses.asdict(again) == dataclasses.asdict(config)
+
+
+def test_aggregation_groups_must_cover_the_ray_workers_only():
+    """Fewer groups than workers would leave a Ray worker idle; the local backend has one
+    worker whatever `workers` says (a GPU run may want one big vectorised group)."""
+    ray_err = _err({"runtime": {"backend": "ray", "workers": 4, "aggregation_groups": 2}})
+    local = config_from_dict(
+        {"runtime": {"backend": "local", "workers": 4, "aggregation_groups": 1}}
+    )
+
+    assert ray_err.field == "runtime.aggregation_groups" and "Ray worker" in str(ray_err)
+    assert local.runtime.aggregation_groups == 1
+    assert _err({"runtime": {"backend": "local", "aggregation_groups": 0}}).field == (
+        "runtime.aggregation_groups"
+    )

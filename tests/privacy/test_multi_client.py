@@ -382,3 +382,12 @@ def test_grouped_bookkeeping_leaves_the_resident_model_untouched():
     assert torch.equal(model(probe), before)
     with pytest.raises(ValueError, match="book-keeping rule"):
         MultiClientDPSGD(nn.Sequential(nn.Flatten(), nn.Bilinear(64, 64, 2)), engine="bookkeeping")
+
+
+def test_same_device_treats_an_unindexed_device_as_the_current_one():
+    from raydpfl.privacy.multi_client import same_device
+
+    assert same_device(torch.device("cpu"), torch.device("cpu"))
+    assert same_device(torch.device("cpu", 0), torch.device("cpu"))
+    assert not same_device(torch.device("cpu"), torch.device("meta"))
+    assert same_device(torch.device("meta"), torch.device("meta"))
