@@ -171,12 +171,20 @@ class DPFedAvg(Algorithm):
         datas: Sequence[ClientData],
         tasks: Sequence[ClientTask],
     ) -> WeightedUpdateSum:
-        """The group's Σ |D_k| Δ_k as `ClientWorker.run_groups` builds it: the clients'
-        results added in task order, so it matches the sequential partial sum."""
-        acc = WeightedUpdateSum()
-        for r in self.local_update_group(ctxs, params, datas, tasks):
-            acc.add(r.update, r.weight, r.metrics)
-        return acc
+        """The group's Σ |D_k| Δ_k, what `ClientWorker.run_groups` builds one client at
+        a time: here one weighted contraction over the stacked updates per tensor
+        (`WeightedUpdateSum.of_stacked`), equal to the sequential partial sum up to float
+        rounding, with the same weight, count and metric sums."""
+        if not self.supports_group(tasks):
+            acc = WeightedUpdateSum()
+            for r in self.local_update_group(ctxs, params, datas, tasks):
+                acc.add(r.update, r.weight, r.metrics)
+            return acc
+        out = self._train_group(ctxs, params, datas, tasks)
+        weights = [float(d.num_examples) for d in datas]
+        return WeightedUpdateSum.of_stacked(
+            out.updates, weights, [out.metrics(k) for k in range(len(tasks))]
+        )
 
     def _train_group(
         self,

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from raydpfl.algorithms import DPFedAvg, FedAvg
@@ -101,3 +102,24 @@ def test_dp_fedavg_names_what_it_releases_without_accounting():
 
     assert "client_dataset_sizes" in released
     assert "clipped fraction" in released and "batch size" in released
+
+
+def test_stacked_weighted_sum_equals_adding_clients_one_by_one():
+    g = torch.Generator().manual_seed(4)
+    stacked = {"w": torch.randn(5, 3, 2, generator=g), "b": torch.randn(5, 4, generator=g)}
+    weights = [3.0, 60.0, 7.0, 1.0, 12.0]
+    metrics = [{"loss": float(k), "acc": 0.5} for k in range(4)] + [{"loss": 9.0}]
+    one_by_one = WeightedUpdateSum()
+    for k, w in enumerate(weights):
+        one_by_one.add({n: t[k] for n, t in stacked.items()}, w, metrics[k])
+
+    at_once = WeightedUpdateSum.of_stacked(stacked, weights, metrics)
+
+    assert list(at_once.total) == ["w", "b"]
+    for n in stacked:
+        torch.testing.assert_close(at_once.total[n], one_by_one.total[n], rtol=1e-6, atol=1e-5)
+    assert (at_once.weight, at_once.count) == (one_by_one.weight, one_by_one.count)
+    assert at_once.metric_means() == one_by_one.metric_means()
+    assert WeightedUpdateSum.of_stacked(stacked, []).total is None
+    with pytest.raises(ValueError, match="5 stacked updates for 2 weights"):
+        WeightedUpdateSum.of_stacked(stacked, [1.0, 2.0])
