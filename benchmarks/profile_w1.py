@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         ("rest (server: selection, ledger, aggregation; dispatch)", total - sum(_own.values()))
     )
     print(
-        f"W1, local backend, 1 thread: {total / n:.3f} s/round over rounds 2..{args.rounds - 1}"
+        f"{Path(args.config).stem}, local backend, 1 thread: {total / n:.3f} s/round over "
+        f"rounds 2..{args.rounds - 1}"
         f" (1-min load {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)"
     )
     print("| part | s/round | % of round |\n| --- | ---: | ---: |")
