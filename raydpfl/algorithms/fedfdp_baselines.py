@@ -445,6 +445,18 @@ def _run(
     )
 
 
+def _pack_server_and_clients(
+    server_state: Params | None,
+    client_states: Mapping[int, Params],
+    server: str,
+    clients: str,
+) -> dict[str, torch.Tensor]:
+    """The tensor state of a server-wide dict (None until the first round with results)
+    and per-client dicts: `_load_server_and_clients`' inverse."""
+    packed = pack_tensors(server, server_state) if server_state is not None else {}
+    return {**packed, **pack_client_tensors(clients, client_states)}
+
+
 def _load_server_and_clients(
     algo: Algorithm, tensors: Mapping[str, torch.Tensor], server: str, clients: str
 ) -> tuple[Params | None, dict[int, Params]]:
@@ -583,8 +595,7 @@ class Scaffold(_Base):
     def tensor_state(self) -> dict[str, torch.Tensor]:
         """c under ``c/<name>`` and each c_i under ``c_i/<client>/<name>`` (both unset
         until the first round with results)."""
-        server = pack_tensors("c", self.c) if self.c is not None else {}
-        return {**server, **pack_client_tensors("c_i", self.c_i)}
+        return _pack_server_and_clients(self.c, self.c_i, "c", "c_i")
 
     def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restores c and every client's c_i (on the server's device, where they live)."""
@@ -669,8 +680,7 @@ class FedDyn(_Base):
     def tensor_state(self) -> dict[str, torch.Tensor]:
         """h under ``h/<name>`` and each h_i under ``h_i/<client>/<name>`` (both unset
         until the first round with results)."""
-        server = pack_tensors("h", self.h) if self.h is not None else {}
-        return {**server, **pack_client_tensors("h_i", self.h_i)}
+        return _pack_server_and_clients(self.h, self.h_i, "h", "h_i")
 
     def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restores h and every client's h_i (on the server's device, where they live)."""
