@@ -36,11 +36,17 @@ backends keep freed blocks in the heap (`raydpfl.backends.allocator`) so that th
 reused instead of being faulted in again.
 
 A model with any other parameterised layer is not supported; `supports(model)` says so
-and the caller falls back to `PerSampleGradients` (torch.func).
+and the caller falls back to `PerSampleGradients` (torch.func). Nor is a parameter shared
+by two layers (tied weights: `supports` refuses it) or a layer called more than once in
+one forward pass: its per-sample gradient is the sum of the calls' gradients, whose norm
+is not the root of the calls' summed squared norms, so the clipping bound would not hold.
+Only the forward pass shows a repeated call; the engine then raises `SharedLayerError`
+internally and hands that model to `PerSampleGradients` for good.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -48,13 +54,43 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from raydpfl.privacy.dpsgd import Params, StepStats, WeightRule, needs_losses
+from raydpfl.privacy.dpsgd import (
+    Params,
+    PerSampleGradients,
+    StepStats,
+    WeightRule,
+    needs_losses,
+    per_sample_norms,
+)
 
 _SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
 
 
+class SharedLayerError(ValueError):
+    """A layer ran more than once in one forward pass: book-keeping cannot clip it."""
+
+
+def check_no_shared_layers(records: list) -> None:
+    """Raises `SharedLayerError` if a module appears twice among a pass's `records`."""
+    seen: set[int] = set()
+    for rec in records:
+        if id(rec.module) in seen:
+            raise SharedLayerError(
+                f"layer {rec.prefix or type(rec.module).__name__!r} runs more than once per "
+                "forward pass; its per-sample norm needs materialised per-sample gradients"
+            )
+        seen.add(id(rec.module))
+
+
 def supports(model: nn.Module) -> bool:
-    """True when every module that owns parameters has a book-keeping rule here."""
+    """True when every module that owns parameters has a book-keeping rule here and no
+    parameter is shared by two modules (a layer called twice shows only at run time)."""
+    owners: set[int] = set()
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if id(p) in owners:
+                return False
+            owners.add(id(p))
     for module in model.modules():
         if not any(True for _ in module.parameters(recurse=False)):
             continue
@@ -102,6 +138,8 @@ class BookkeepingClipping:
         self.max_chunk = max_chunk
         self.buffers = {n: b.detach() for n, b in model.named_buffers()}
         self._records: list[_Record] | None = None
+        # set once a forward pass shows a layer called twice (`SharedLayerError`)
+        self._fallback: PerSampleGradients | None = None
         self._prefix = {m: name for name, m in model.named_modules()}
         for module in model.modules():
             if isinstance(module, _SUPPORTED):
@@ -130,8 +168,32 @@ class BookkeepingClipping:
         the per-sample losses of the same forward pass. With `into` the sum is added to
         those tensors in place (a Linear layer's weight sum accumulates inside its GEMM)
         and they are returned."""
+        if self._fallback is None:
+            try:
+                return self._clipped_sum(params, x, y, weight_rule, into)
+            except SharedLayerError as e:  # raised before anything was added to `into`
+                self._use_fallback(e)
+        assert self._fallback is not None
+        return self._fallback.clipped_sum(params, x, y, weight_rule, into=into)
+
+    def _use_fallback(self, error: SharedLayerError) -> None:
+        warnings.warn(
+            f"{type(self.model).__name__}: {error}; using torch.func per-sample gradients "
+            "(runtime.engine: vmap) for this model",
+            stacklevel=3,
+        )
+        self._fallback = PerSampleGradients(self.model)
+
+    def _clipped_sum(
+        self,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight_rule: WeightRule,
+        into: Params | None,
+    ) -> tuple[Params, StepStats]:
         # Without `into`, each parameter's first contribution is a fresh tensor that is
-        # kept: no zero-filled accumulator (a shared layer or a second chunk adds to it).
+        # kept: no zero-filled accumulator (a second chunk adds to it).
         total: Params = dict(into) if into is not None else {}
         clipped, norm_sum = 0, 0.0
         with_losses = needs_losses(weight_rule)
@@ -151,7 +213,13 @@ class BookkeepingClipping:
 
     def norms(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Per-sample gradient norms ‖∇ℓ_i‖ over all parameters (flat)."""
-        return self._norms_and_losses(params, x, y)[0]
+        if self._fallback is None:
+            try:
+                return self._norms_and_losses(params, x, y)[0]
+            except SharedLayerError as e:
+                self._use_fallback(e)
+        assert self._fallback is not None
+        return per_sample_norms(self._fallback.grads(params, x, y))
 
     def _norms(
         self, params: Params, x: torch.Tensor, y: torch.Tensor
@@ -172,6 +240,7 @@ class BookkeepingClipping:
                 grads = torch.autograd.grad(losses.sum(), [r.output for r in records])
         finally:
             self._records = None
+        check_no_shared_layers(records)
         norms_sq = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
         for rec, g in zip(records, grads, strict=True):
             rec.grad = g.detach()

@@ -51,6 +51,7 @@ results); `DPFedAvg.local_update_group` wraps it for the worker.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from raydpfl.privacy.bookkeeping import SharedLayerError
 from raydpfl.privacy.dpsgd import Params, clip_weights
 
 #: Default bound on the bytes of per-sample gradients formed at once (and on the
@@ -309,18 +311,22 @@ class MultiClientDPSGD:
             rows, seg = all_rows[chosen], owner[chosen]
             counts = torch.bincount(seg, minlength=c)
             # (b)+(c) the clipped per-sample gradient sum of every client
+            summed = None
             if self._grouped is not None:
                 current = stacked or {
                     n: p.unsqueeze(0).expand(c, *p.shape) for n, p in start.items()
                 }
-                summed, num_clipped = self._grouped_step(
-                    current, x, y, rows, seg, counts, first_row, clip_norm, x_slice
-                )
-            elif stacked is None:
+                try:
+                    summed, num_clipped = self._grouped_step(
+                        current, x, y, rows, seg, counts, first_row, clip_norm, x_slice
+                    )
+                except SharedLayerError as e:  # this step's draws are made: recompute
+                    self._use_vmap(e)
+            if summed is None and stacked is None:
                 summed, num_clipped = self._shared_step(
                     start, x[rows], y[rows], seg, c, clip_norm, slice_samples
                 )
-            else:
+            elif summed is None:
                 summed, num_clipped = self._stacked_step(
                     stacked, x, y, rows, seg, counts, first_row, clip_norm, slice_samples
                 )
@@ -345,6 +351,16 @@ class MultiClientDPSGD:
         else:
             updates = {n: stacked[n] - start[n] for n in start}
         return MultiClientResult(updates, batch_sizes, clipped)
+
+    def _use_vmap(self, error: Exception) -> None:
+        """From now on this model's groups use the vmap engine (see `SharedLayerError`)."""
+        warnings.warn(
+            f"{type(self.model).__name__}: {error}; vectorised clients use torch.func "
+            "per-sample gradients for this model",
+            stacklevel=3,
+        )
+        self._grouped = None
+        self.engine = "vmap"
 
     def _grouped_step(
         self,
@@ -390,7 +406,7 @@ class MultiClientDPSGD:
             for name, p in params.items():
                 if same_device(g.device, p.device):
                     noise[name][i].normal_(0.0, std, generator=g)
-                else:  # a generator on another device: draw there, as `gaussian_like` would
+                else:  # a generator on another device: draw there (its own stream), copy
                     draw = torch.empty(p.shape, dtype=p.dtype, device=g.device)
                     noise[name][i].copy_(draw.normal_(0.0, std, generator=g))
         return noise
@@ -513,6 +529,7 @@ class _GroupedBookkeeping:
                     del m.forward
                 else:
                     m.forward = previous
+        bk.check_no_shared_layers(records)  # before any sum: the caller falls back to vmap
         norms_sq = torch.zeros(c * b, dtype=xs.dtype, device=xs.device)
         for rec, g in zip(records, grads, strict=True):
             rec.grad = g.detach()

@@ -117,3 +117,48 @@ def test_auto_engine_falls_back_to_torch_func_for_unsupported_layers():
     assert isinstance(make_engine(build_model("mlp", (1, 28, 28), 10), "vmap"), PerSampleGradients)
     with pytest.raises(ValueError, match="engine must be one of"):
         make_engine(grouped, "fast")
+
+
+class _Twice(nn.Module):
+    """One Linear applied twice in a forward pass: its per-sample gradient is the sum of
+    both calls' gradients, whose norm book-keeping's per-call rule cannot give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.body(torch.relu(self.body(x))))
+
+
+def test_a_layer_called_twice_hands_the_model_to_the_vmap_engine():
+    torch.manual_seed(0)
+    model = _Twice()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x, y = torch.randn(6, 4) * 3, torch.randint(0, 3, (6,))
+    rule = lambda n: clip_weights(n, 0.1)  # noqa: E731
+    engine = make_engine(model, "auto")
+    assert isinstance(engine, BookkeepingClipping)  # the repeat shows only at run time
+
+    with pytest.warns(UserWarning, match="runs more than once"):
+        total, _ = engine.clipped_sum(params, x, y, rule)
+    expected, _ = PerSampleGradients(model).clipped_sum(params, x, y, rule)
+
+    for k in expected:
+        torch.testing.assert_close(total[k], expected[k], rtol=1e-5, atol=1e-6)
+    # each clipped per-sample gradient is within C, so one sample's sum is too
+    one, _ = engine.clipped_sum(params, x[:1], y[:1], rule)
+    assert torch.sqrt(sum(t.pow(2).sum() for t in one.values())) <= 0.1 + 1e-6
+    vmap_norms = per_sample_norms(PerSampleGradients(model).grads(params, x, y))
+    torch.testing.assert_close(engine.norms(params, x, y), vmap_norms)
+
+
+def test_tied_weights_are_not_supported():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    model[2].weight = model[0].weight
+
+    assert not supports(model)
+    assert isinstance(make_engine(model, "auto"), PerSampleGradients)
+    with pytest.raises(ValueError, match="book-keeping rule"):
+        BookkeepingClipping(model)

@@ -391,3 +391,25 @@ def test_same_device_treats_an_unindexed_device_as_the_current_one():
     assert same_device(torch.device("cpu", 0), torch.device("cpu"))
     assert not same_device(torch.device("cpu"), torch.device("meta"))
     assert same_device(torch.device("meta"), torch.device("meta"))
+
+
+def test_vectorised_bookkeeping_hands_a_layer_called_twice_to_vmap():
+    from tests.privacy.test_bookkeeping import _Twice
+
+    torch.manual_seed(0)
+    model = _Twice().requires_grad_(False)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x, y = torch.randn(40, 4) * 3, torch.randint(0, 3, (40,))
+    indices = [torch.arange(0, 15), torch.arange(15, 40)]
+    kwargs = dict(local_steps=2, lr=0.5, sampling_rate=0.5, clip_norm=0.1, noise_multiplier=1.0)
+
+    grouped = MultiClientDPSGD(model, engine="bookkeeping")
+    with pytest.warns(UserWarning, match="runs more than once"):
+        got = grouped.run(params, x, y, indices, _generators(2, seed=7), **kwargs)
+    want = MultiClientDPSGD(model, engine="vmap").run(
+        params, x, y, indices, _generators(2, seed=7), **kwargs
+    )
+
+    assert grouped.engine == "vmap"
+    for n in params:
+        torch.testing.assert_close(got.updates[n], want.updates[n], rtol=1e-5, atol=1e-6)
