@@ -164,7 +164,7 @@ class ClientWorker:
         results = [self.run_task(broadcast, t) for t in tasks]
         if self.device.type == "cpu":
             return results
-        return [dataclasses.replace(r, update=_on_host(r.update)) for r in results]
+        return [result_on_host(r) for r in results]
 
     def run_groups(
         self,
@@ -257,3 +257,21 @@ def _on_host(params: Mapping[str, torch.Tensor]) -> Params:
     live on the CPU, and what may cross a process boundary to a server actor without a
     GPU. A no-op for CPU tensors."""
     return {n: t.cpu() for n, t in params.items()}
+
+
+def result_on_host(result: ClientResult) -> ClientResult:
+    """`result` with every tensor it carries on the CPU: the update and any other field
+    an algorithm's result type adds (e.g. PRIVATEFL's `local_state`), each a tensor or a
+    {name: tensor} mapping."""
+    changes: dict[str, object] = {}
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if isinstance(value, torch.Tensor):
+            changes[f.name] = value.cpu()
+        elif isinstance(value, Mapping) and any(
+            isinstance(t, torch.Tensor) for t in value.values()
+        ):
+            changes[f.name] = {
+                k: t.cpu() if isinstance(t, torch.Tensor) else t for k, t in value.items()
+            }
+    return dataclasses.replace(result, **changes) if changes else result
