@@ -458,7 +458,7 @@ def _pack_server_and_clients(
 
 
 def _load_server_and_clients(
-    algo: Algorithm, tensors: Mapping[str, torch.Tensor], server: str, clients: str
+    tensors: Mapping[str, torch.Tensor], server: str, clients: str
 ) -> tuple[Params | None, dict[int, Params]]:
     """(server-wide state or None, per-client states) from a tensor state holding the
     fields `server` and `clients` (SCAFFOLD's c and c_i, FedDyn's h and h_i).
@@ -599,7 +599,7 @@ class Scaffold(_Base):
 
     def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restores c and every client's c_i (on the server's device, where they live)."""
-        self.c, self.c_i = _load_server_and_clients(self, tensors, "c", "c_i")
+        self.c, self.c_i = _load_server_and_clients(tensors, "c", "c_i")
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
@@ -684,7 +684,7 @@ class FedDyn(_Base):
 
     def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restores h and every client's h_i (on the server's device, where they live)."""
-        self.h, self.h_i = _load_server_and_clients(self, tensors, "h", "h_i")
+        self.h, self.h_i = _load_server_and_clients(tensors, "h", "h_i")
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask

@@ -85,6 +85,11 @@ from raydpfl.models.input_transform import (
 TRANSFORM = "transform"
 
 
+def _cpu_copy(state: Params) -> Params:
+    """A detached CPU copy of a client's transformation: where the server half keeps it."""
+    return {n: t.detach().to("cpu").clone() for n, t in state.items()}
+
+
 def client_key(client: int) -> str:
     """The model key under which the server's parameters hold client `client`'s transform."""
     return f"c{int(client)}"
@@ -142,9 +147,7 @@ class PrivateFl(DpflBcs):
         for r in results:  # the clients' own new transformations (never aggregated)
             state = getattr(r, "local_state", None)
             if state:
-                self.transforms[r.client_id] = {
-                    n: t.detach().to("cpu").clone() for n, t in state.items()
-                }
+                self.transforms[r.client_id] = _cpu_copy(state)
         new = super().aggregate(shared_params(global_params), tasks, results)
         new.update(self.evaluation_view())
         return new
@@ -184,8 +187,7 @@ class PrivateFl(DpflBcs):
         super().load_tensor_state({k: t for k, t in tensors.items() if k not in own})
         _, clients = unpack_tensor_state(own, per_client=(TRANSFORM,))
         self.transforms = {
-            c: {n: t.detach().to("cpu").clone() for n, t in state.items()}
-            for c, state in sorted(clients.get(TRANSFORM, {}).items())
+            c: _cpu_copy(state) for c, state in sorted(clients.get(TRANSFORM, {}).items())
         }
 
     # ---- client half -----------------------------------------------------------------

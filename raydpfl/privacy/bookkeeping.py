@@ -87,13 +87,12 @@ def supports(model: nn.Module) -> bool:
     parameter is shared by two modules (a layer called twice shows only at run time)."""
     owners: set[int] = set()
     for module in model.modules():
-        for p in module.parameters(recurse=False):
-            if id(p) in owners:
-                return False
-            owners.add(id(p))
-    for module in model.modules():
-        if not any(True for _ in module.parameters(recurse=False)):
+        own = [id(p) for p in module.parameters(recurse=False)]
+        if not own:
             continue
+        if owners.intersection(own):  # tied weights
+            return False
+        owners.update(own)
         if not isinstance(module, _SUPPORTED):
             return False
         if isinstance(module, nn.Conv2d) and (

@@ -12,6 +12,7 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -252,11 +253,11 @@ class ClientWorker:
         return out
 
 
-def _on_host(params: Mapping[str, torch.Tensor]) -> Params:
-    """`params` on the CPU: what a worker hands back to the server, whose parameters
-    live on the CPU, and what may cross a process boundary to a server actor without a
-    GPU. A no-op for CPU tensors."""
-    return {n: t.cpu() for n, t in params.items()}
+def _on_host(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with every tensor on the CPU: what a worker hands back to the server,
+    whose parameters live on the CPU, and what may cross a process boundary to a server
+    actor without a GPU. A no-op for CPU tensors; other values are kept as they are."""
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
 def result_on_host(result: ClientResult) -> ClientResult:
@@ -271,7 +272,5 @@ def result_on_host(result: ClientResult) -> ClientResult:
         elif isinstance(value, Mapping) and any(
             isinstance(t, torch.Tensor) for t in value.values()
         ):
-            changes[f.name] = {
-                k: t.cpu() if isinstance(t, torch.Tensor) else t for k, t in value.items()
-            }
+            changes[f.name] = _on_host(value)
     return dataclasses.replace(result, **changes) if changes else result
