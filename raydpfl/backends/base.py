@@ -24,6 +24,10 @@ class WorkerLostError(RuntimeError):
     """A worker died and could not be restarted."""
 
 
+class ServerLostError(RuntimeError):
+    """The server actor died and the run could not continue from a checkpoint."""
+
+
 def worker_threads(cpus_per_worker: float) -> int:
     """Torch threads of a worker with this CPU share: max(1, floor(cpus)).
 

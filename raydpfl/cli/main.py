@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from raydpfl.backends.base import RoundTimeoutError, WorkerLostError
+from raydpfl.backends.base import RoundTimeoutError, ServerLostError, WorkerLostError
 from raydpfl.config.schema import ConfigError
 
 EXIT_USAGE = 2
@@ -29,28 +31,70 @@ class _Parser(argparse.ArgumentParser):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from raydpfl.data.datasets import DatasetNotFoundError, DownloadError
+    from raydpfl.simulation.integrity import ResumeError
 
-    return (ConfigError, DatasetNotFoundError, DownloadError, FileExistsError)
+    return (ConfigError, DatasetNotFoundError, DownloadError, FileExistsError, ResumeError)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an interruption so that outputs are closed the same way."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `raydpfl` console script."""
     parser = _build_parser()
     args = parser.parse_args(argv)
+    previous = _install_sigterm()
     try:
         return int(args.handler(args) or 0)
     except _user_errors() as e:
         print(f"raydpfl: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
-    except (RoundTimeoutError, WorkerLostError) as e:
+    except (RoundTimeoutError, WorkerLostError, ServerLostError) as e:
         print(f"raydpfl: run failed: {_one_line(e)}", file=sys.stderr)
-        print("raydpfl: finished rounds are kept in the run directory", file=sys.stderr)
+        print(f"raydpfl: {_how_to_resume(args)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(
-            "raydpfl: interrupted; finished rounds are kept in the run directory", file=sys.stderr
+    except KeyboardInterrupt as e:
+        what = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        print(f"raydpfl: {what}; {_how_to_resume(args)}", file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _install_sigterm() -> Any:
+    """Handles SIGTERM like Ctrl-C (main thread only); returns the previous handler."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _how_to_resume(args: argparse.Namespace) -> str:
+    """What was kept and the exact command that continues the run."""
+    sweep_dir = getattr(args, "sweep_dir", None)
+    if sweep_dir is not None:
+        return f"continue the sweep with: raydpfl tune --resume {shlex.quote(str(sweep_dir))}"
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is None:
+        return "nothing was started"
+    from raydpfl.simulation.integrity import has_checkpoint
+
+    if has_checkpoint(run_dir):
+        return (
+            f"finished rounds are kept in {run_dir}; continue with: "
+            f"raydpfl run --resume {shlex.quote(str(run_dir))}"
         )
-        return 130
+    return (
+        f"finished rounds are kept in {run_dir}, but it has no checkpoint to resume from "
+        "(runtime.checkpoint_every is null)"
+    )
 
 
 def _one_line(e: BaseException) -> str:
@@ -68,8 +112,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue an interrupted run from its last checkpoint (its own config.yaml; "
-        "only runtime.* may be changed with --set)",
+        help="continue an interrupted run from its last checkpoint, with its own config.yaml "
+        "(a CONFIG given too must equal it); --set may change only runtime.backend, address, "
+        "workers, round_timeout_s, max_restarts, output, checkpoint_every, progress",
     )
     run.add_argument(
         "--out",
@@ -255,6 +300,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_run_dir_free(run_dir)  # before loading any data; checked again on creation
     exp = build_experiment(config)
     prepare_run_dir(run_dir)
+    args.run_dir = run_dir
     progress = _Progress(
         config.experiment.algorithm.rounds,
         enabled=config.runtime.progress and not args.no_progress,
@@ -269,31 +315,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from raydpfl.config.load import load_config
-    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.simulation.build import build_experiment, check_resume, run_experiment
 
     run_dir = Path(args.resume)
-    if args.config is not None or args.out:
-        raise ConfigError("resume", "--resume takes the run's own config.yaml and directory")
-    bad = [o for o in args.overrides if not o.startswith("runtime.")]
-    if bad:
-        raise ConfigError(
-            "resume", f"only runtime.* may change when resuming (results must not), got {bad}"
-        )
+    if args.out:
+        raise ConfigError("resume", f"--resume continues in {run_dir} itself; drop --out")
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError("resume", f"{run_dir} is not a run directory (no config.yaml)")
-    if (run_dir / "summary.json").exists():
-        raise ConfigError("resume", f"{run_dir} is a finished run; nothing to resume")
-    if not (run_dir / "checkpoint" / "state.json").is_file():
-        raise ConfigError(
-            "resume",
-            f"{run_dir} has no checkpoint (runtime.checkpoint_every was null, or the run "
-            "stopped before its first checkpoint)",
-        )
-    config = load_config(run_dir / "config.yaml", args.overrides)
+    source = args.config if args.config is not None else run_dir / "config.yaml"
+    config = load_config(source, args.overrides)
+    check_resume(run_dir, config)  # before any data is loaded or Ray started
+    args.run_dir = run_dir
     exp = build_experiment(config)
     progress = _Progress(
         config.experiment.algorithm.rounds,
         enabled=config.runtime.progress and not args.no_progress,
+        start=_checkpoint_round(run_dir),
     )
     try:
         summary = run_experiment(exp, run_dir, on_round=progress.update, resume=True)
@@ -301,6 +338,17 @@ def _resume(args: argparse.Namespace) -> int:
         progress.close()
     _print_summary(summary)
     return 0
+
+
+def _checkpoint_round(run_dir: Path) -> int:
+    """The round the run's checkpoint was written after (0 if it cannot be read)."""
+    import json
+
+    try:
+        manifest = json.loads((run_dir / "checkpoint" / "manifest.json").read_text())
+        return int(manifest["rounds_completed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
@@ -384,7 +432,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config is not None or args.out or args.overrides:
             raise ConfigError("resume", "--resume takes the sweep's own sweep.yaml and directory")
-        summary = resume_sweep(Path(args.resume), verbose=verbose)
+        args.sweep_dir = Path(args.resume)
+        summary = resume_sweep(args.sweep_dir, verbose=verbose)
     else:
         if args.config is None:
             raise ConfigError("config", "give a sweep file, or --resume SWEEP_DIR")
@@ -394,6 +443,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             if args.out
             else _default_run_dir(sweep.base.runtime.output, f"{sweep.base.experiment.name}-sweep")
         )
+        args.sweep_dir = out
         summary = run_sweep(sweep, out, verbose=verbose)
     _print_sweep(summary)
     return 0
@@ -453,14 +503,20 @@ def _default_run_dir(output: str, name: str) -> Path:
 
 
 class _Progress:
-    """A tqdm bar over rounds showing accuracy and the largest ε spent."""
+    """A tqdm bar over rounds showing accuracy and the largest ε spent.
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    The bar follows each row's round number, so a resumed run starts at its checkpoint
+    round and rounds replayed after a server restart are not counted twice.
+    """
+
+    def __init__(self, total: int, enabled: bool, start: int = 0) -> None:
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="rounds", unit="round", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total, initial=start, desc="rounds", unit="round", dynamic_ncols=True
+            )
         self.last_acc = float("nan")
 
     def update(self, row: Mapping[str, Any]) -> None:
@@ -473,7 +529,7 @@ class _Progress:
         self.bar.set_postfix(
             acc=f"{self.last_acc:.4f}", eps="inf" if eps == float("inf") else f"{eps:.3f}"
         )
-        self.bar.update(1)
+        self.bar.update(max(0, int(row.get("round", self.bar.n + 1)) - self.bar.n))
 
     def close(self) -> None:
         if self.bar is not None:
@@ -487,10 +543,7 @@ def _print_summary(summary: Mapping[str, Any]) -> None:
     if acc is not None:
         line.append(f"final accuracy {acc:.4f} (best {best:.4f})")
     if summary.get("private"):
-        line.append(
-            f"epsilon_max {summary['epsilon_max']:.4f} at delta {summary['delta']:g} "
-            f"({summary['accountant']})"
-        )
+        line.append(_epsilon_words(summary))
     else:
         line.append("non-private (epsilon = inf)")
     print("; ".join(line))
@@ -498,6 +551,19 @@ def _print_summary(summary: Mapping[str, Any]) -> None:
         print(f"stopped early: {summary['stop_reason']}")
     if "run_dir" in summary:
         print(f"outputs: {summary['run_dir']}")
+
+
+def _epsilon_words(summary: Mapping[str, Any]) -> str:
+    """ε max with the δ that client holds at, its unit and accountant: a pair some client
+    really has (with heterogeneous budgets, the δ is that client's own)."""
+    who = ""
+    if summary.get("epsilon_max_client") is not None:
+        who = f" (client {summary['epsilon_max_client']}; each client's own delta in ledger.json)"
+    unit = summary.get("epsilon_unit") or "record"
+    return (
+        f"epsilon_max {summary['epsilon_max']:.4f} at delta {summary['delta']:g}{who}, "
+        f"at the {unit} level ({summary['accountant']})"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

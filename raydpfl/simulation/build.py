@@ -24,13 +24,15 @@ from raydpfl.algorithms.pe_dpfl import PeDpfl
 from raydpfl.algorithms.pe_dpfl import calibrate_noise_multiplier as calibrate_pe_noise
 from raydpfl.backends.base import Backend, worker_threads
 from raydpfl.backends.local import LocalBackend
-from raydpfl.config.load import dump_config
+from raydpfl.config.load import dump_config, load_config
+from raydpfl.config.resume import check_resume_config
 from raydpfl.config.schema import Config, ConfigError, DataConfig, PrivacyConfig
 from raydpfl.data.datasets import load_dataset
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
 from raydpfl.privacy.accountants import describe_accountant
 from raydpfl.privacy.calibration import epsilon_for, noise_multiplier_for
 from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.simulation.integrity import ResumeError, read_manifest
 from raydpfl.simulation.outputs import RunWriter
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
 from raydpfl.simulation.server import CentralTestSet, Server, ServerSettings
@@ -464,6 +466,8 @@ def run_experiment(
     """
     if resume and run_dir is None:
         raise ValueError("resume needs the run directory")
+    if resume:
+        check_resume(run_dir, exp.config)
     if run_dir is not None and not resume:
         RunWriter(run_dir).write_config(dump_config(exp.config))
     if exp.config.runtime.backend == "ray":
@@ -478,6 +482,28 @@ def run_experiment(
     if run_dir is not None:
         summary["run_dir"] = str(run_dir)
     return summary
+
+
+def check_resume(run_dir: Path, config: Config) -> None:
+    """Refuses, before any training or Ray work, to resume `run_dir` with `config` when the
+    checkpoint fails verification or `config` changes a result-changing key.
+
+    Raises:
+        ResumeError: Not a resumable run directory, a finished run, or a checkpoint file
+            that does not match its manifest (named).
+        ConfigError: `config` differs from the run's config.yaml outside
+            `raydpfl.config.resume.RESUME_SAFE_KEYS` (the first such key is named).
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ResumeError(f"{run_dir} is not a run directory (no config.yaml)")
+    if (run_dir / "summary.json").exists():
+        raise ResumeError(f"{run_dir} is a finished run; nothing to resume")
+    try:
+        read_manifest(run_dir)
+    except FileNotFoundError as e:
+        raise ResumeError(str(e)) from None
+    check_resume_config(load_config(run_dir / "config.yaml"), config)
 
 
 def noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, bool]:

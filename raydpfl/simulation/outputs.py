@@ -8,11 +8,13 @@ Layout (see README "Outputs"):
     ledger.json       every privacy charge, per client (JSON, never pickle)
     summary.json      final figures and the privacy statement
     model.pt          the final global parameters (a plain state dict)
-    ledger_log.jsonl  every charge batch, appended and synced before its tasks run
-    checkpoint/       state.json + params-NNNNNNN.pt (+ algorithm-NNNNNNN.pt, the
-                      algorithm's tensor state, when it has any) every
-                      `runtime.checkpoint_every` rounds (`raydpfl run --resume RUN_DIR`
-                      continues from it)
+    ledger_log.jsonl  every charge batch, appended and synced before its tasks run; each
+                      line carries a hash chain over all lines before it
+    checkpoint/       state-NNNNNNN.json + params-NNNNNNN.pt (+ algorithm-NNNNNNN.pt, the
+                      algorithm's tensor state, when it has any) at the start and every
+                      `runtime.checkpoint_every` rounds, and manifest.json (written last:
+                      the sha256 of each of them and of config.yaml). `raydpfl run
+                      --resume RUN_DIR` verifies them and continues from it
     clients.parts/    per-round client tables while the run is going (merged at the end)
 
 Tables are written as they grow, so an interrupted run keeps every finished round.
@@ -31,6 +33,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
+from raydpfl.simulation.integrity import (
+    GENESIS,
+    ChargeBatch,
+    ResumeError,
+    charge_log_line,
+    read_chained_log,
+    read_manifest,
+    write_manifest,
+)
 
 #: Per-round client tables until the run closes, the charge log and the checkpoint folder.
 CLIENT_PARTS = "clients.parts"
@@ -54,17 +66,10 @@ CLIENT_SCHEMA = pa.schema(
 
 def read_charge_log(run_dir: Path) -> dict[int, list[list[Any]]]:
     """round → the charge batches `run_dir`'s ledger_log.jsonl holds for it, in order
-    (complete lines only)."""
-    path = Path(run_dir) / CHARGE_LOG
+    (complete lines only; the hash chain is verified: `ResumeError` if it breaks)."""
     out: dict[int, list[list[Any]]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            break  # a line cut short by the crash: nothing after it was dispatched
-        out.setdefault(int(entry["round"]), []).append(entry["charges"])
+    for batch in read_chained_log(Path(run_dir) / CHARGE_LOG)[0]:
+        out.setdefault(batch.round, []).append(batch.charges)
     return out
 
 
@@ -141,6 +146,8 @@ class RunWriter:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.round_rows: list[dict[str, Any]] = []
+        # The chain value after each line of the charge log (None until read or written).
+        self._log_chains: list[str] | None = None
 
     def write_config(self, text: str) -> None:
         """Saves the resolved config YAML."""
@@ -181,17 +188,34 @@ class RunWriter:
 
         Written before the tasks are dispatched: whatever happens next, the charge is on
         disk. A resumed run replays the rounds after its checkpoint and checks that it
-        makes exactly these charges again.
+        makes exactly these charges again. Each line continues the log's hash chain.
         """
-        line = json.dumps({"round": round_idx, "charges": [[c, dict(d)] for c, d in charges]})
+        chains = self._chains()
+        line = charge_log_line(chains[-1] if chains else GENESIS, round_idx, charges)
         with open(self.run_dir / CHARGE_LOG, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
+        chains.append(json.loads(line)["chain"])
 
-    def read_charge_log(self) -> dict[int, list[list[Any]]]:
-        """round → the charge batches logged for it, in order (complete lines only)."""
-        return read_charge_log(self.run_dir)
+    def _chains(self) -> list[str]:
+        if self._log_chains is None:
+            self.charge_batches()  # continue the chain of a log already on disk
+        assert self._log_chains is not None
+        return self._log_chains
+
+    def charge_batches(self) -> list[ChargeBatch]:
+        """The charge log's verified batches, in order (`ResumeError` if the chain breaks).
+
+        A last line cut short by a crash (never synced, so never dispatched) is cut off
+        the file, so that the next line appended starts on a line of its own.
+        """
+        path = self.run_dir / CHARGE_LOG
+        batches, length = read_chained_log(path)
+        if path.exists() and path.stat().st_size > length:
+            os.truncate(path, length)
+        self._log_chains = [b.chain for b in batches]
+        return batches
 
     def write_checkpoint(
         self,
@@ -199,41 +223,59 @@ class RunWriter:
         params: Mapping[str, torch.Tensor],
         state: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor] | None = None,
+        log_entries: int | None = None,
     ) -> None:
         """Atomically records the server after `rounds_completed` rounds.
 
-        The parameters (and the algorithm's `tensors`, if any) go to round-stamped files
-        first; `state.json` (which names those files) is replaced last, so a crash at any
-        point leaves the previous checkpoint or the new one, never a mix. Formats: JSON
-        and tensors-only torch files. Without tensors, state.json names no tensor file
-        (as checkpoints written before tensor state existed), which reads as empty.
+        The parameters (and the algorithm's `tensors`, if any) and the JSON state go to
+        round-stamped files; `manifest.json`, which names them with their sha256 (and
+        config.yaml's), is replaced last: a crash at any point leaves the previous
+        checkpoint or the new one, never a mix. The state records how many lines of the
+        charge log the checkpointed ledger holds (`log_entries`, default all of them) and
+        the chain value after them, so a resume can tell a truncated or edited log.
+        Formats: JSON and tensors-only torch files. Without tensors, the state names no
+        tensor file, which reads as empty.
         """
         ckpt = self.run_dir / CHECKPOINT_DIR
         ckpt.mkdir(exist_ok=True)
-        name = f"params-{rounds_completed:07d}.pt"
-        _save_tensors(params, ckpt / name)
-        files = {"params_file": name}
+        chains = self._chains()
+        entries = len(chains) if log_entries is None else int(log_entries)
+        log = {"entries": entries, "chain": chains[entries - 1] if entries else GENESIS}
+        stamp = f"{rounds_completed:07d}"
+        files = {"params_file": f"params-{stamp}.pt"}
+        _save_tensors(params, ckpt / files["params_file"])
         if tensors:
-            files[TENSORS_KEY] = f"algorithm-{rounds_completed:07d}.pt"
+            files[TENSORS_KEY] = f"algorithm-{stamp}.pt"
             _save_tensors(tensors, ckpt / files[TENSORS_KEY])
-        write_json(ckpt / "state.json", {**state, **files})
-        for pattern, key in (("params-*.pt", "params_file"), ("algorithm-*.pt", TENSORS_KEY)):
+        state_file = f"state-{stamp}.json"
+        write_json(ckpt / state_file, {**state, **files, "ledger_log": log})
+        hashed = [f"{CHECKPOINT_DIR}/{n}" for n in (state_file, *files.values())]
+        if (self.run_dir / "config.yaml").is_file():
+            hashed.insert(0, "config.yaml")
+        write_manifest(self.run_dir, rounds_completed, state_file, hashed)
+        keep = {state_file, *files.values()}
+        for pattern in ("params-*.pt", "algorithm-*.pt", "state-*.json", "state.json"):
             for old in ckpt.glob(pattern):
-                if old.name != files.get(key):
+                if old.name not in keep:
                     old.unlink()
 
     def read_checkpoint(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """The last checkpoint's state and parameters (`weights_only` loading)."""
-        ckpt = self.run_dir / CHECKPOINT_DIR
-        state_path = ckpt / "state.json"
-        if not state_path.exists():
-            raise FileNotFoundError(
-                f"{self.run_dir} has no checkpoint ({CHECKPOINT_DIR}/state.json); it was written "
-                "with runtime.checkpoint_every unset, or stopped before the first checkpoint"
-            )
-        state = json.loads(state_path.read_text(encoding="utf-8"))
-        params = torch.load(ckpt / state["params_file"], weights_only=True)
-        return state, params
+        """The last checkpoint's state and parameters, every file verified against the
+        manifest first (`ResumeError` on a mismatch; `weights_only` loading)."""
+        manifest = read_manifest(self.run_dir)
+        state_path = self.run_dir / CHECKPOINT_DIR / str(manifest["state_file"])
+        try:
+            state = json.loads(state_path.read_text(encoding="utf-8"))
+            params_path = self.run_dir / CHECKPOINT_DIR / str(state["params_file"])
+        except (ValueError, KeyError, TypeError):
+            raise ResumeError(f"{state_path} is not a checkpoint state") from None
+        if f"{CHECKPOINT_DIR}/{params_path.name}" not in manifest["files"]:
+            raise ResumeError(f"{state_path} names {params_path.name}, which is not hashed")
+        try:
+            params = torch.load(params_path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ResumeError(f"{params_path} cannot be read ({type(exc).__name__})") from None
+        return state, _checked_tensor_dict(params, params_path)
 
     def read_checkpoint_tensors(self, state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """The algorithm's tensor state named by the checkpoint `state` (CPU tensors).

@@ -32,6 +32,7 @@ from raydpfl.backends.base import Backend
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.evaluation import EvalResult, evaluate
 from raydpfl.simulation.fairness import fairness_metrics
+from raydpfl.simulation.integrity import ResumeError, first_ledger_difference, rebuild_ledger
 from raydpfl.simulation.outputs import RunWriter, model_sha256
 from raydpfl.simulation.reduction import group_tasks
 from raydpfl.simulation.seeding import SERVER, numpy_rng
@@ -113,12 +114,14 @@ class Server:
         self._outputs_closed = False
         self.resumed_from: int | None = None
         self._logged: dict[int, list[list[Any]]] = {}  # charges of rounds being replayed
+        self._log_position = 0  # lines of ledger_log.jsonl the ledger holds
         self._backend: Backend | None = None
 
     # ---- the round loop -----------------------------------------------------------
     def run(self, backend: Backend) -> dict[str, Any]:
         """Runs every round (or until every client's budget is spent); returns the summary."""
         try:
+            self.checkpoint_start()
             for round_idx in range(self.rounds_completed, self.settings.rounds):
                 if not self.run_round(backend, round_idx):
                     break
@@ -160,6 +163,8 @@ class Server:
             extra_sent, _ = self._charge(round_idx, extra)
             if extra_sent:
                 followups = backend.run_tasks(self.params, extra_sent)
+        if self._logged.pop(round_idx, None):  # the interrupted run charged more
+            raise _diverged(round_idx)
         row = self._round_row(round_idx, dispatched, refused, trained, received)
         row.update(metrics)
         row.update(self.algorithm.after_round(round_idx, row, followups))
@@ -170,13 +175,8 @@ class Server:
         if self.writer is not None:
             self.writer.add_round(row)
             every = self.settings.checkpoint_every
-            if every and self.rounds_completed % every == 0 and self.algorithm.resumable:
-                self.writer.write_checkpoint(
-                    self.rounds_completed,
-                    self.params,
-                    self.checkpoint_state(),
-                    self.algorithm.tensor_state(),
-                )
+            if every and self.rounds_completed % every == 0:
+                self._write_checkpoint()
         if self.on_round is not None:
             self.on_round(row)
         return True
@@ -202,13 +202,11 @@ class Server:
         if logged:
             expected = logged.pop(0)
             if json.loads(json.dumps([[c, d] for c, d in charges])) != expected:
-                raise RuntimeError(
-                    f"resume diverged from the interrupted run in round {round_idx + 1}: the "
-                    "replayed charges differ from ledger_log.jsonl (different code, config or "
-                    "hardware?); the ledger log is the record of what was charged"
-                )
+                raise _diverged(round_idx)
+            self._log_position += 1
         elif self.writer is not None:
             self.writer.log_charges(round_idx, charges)
+            self._log_position += 1
         return dispatched, refused
 
     def _charge_tasks(
@@ -236,6 +234,24 @@ class Server:
         return all(self.ledger.would_exceed(c, cost) for c in range(self.num_clients))
 
     # ---- checkpoints ----------------------------------------------------------------
+    def checkpoint_start(self) -> None:
+        """Checkpoints a fresh run before its first round (when checkpoints are on), so a
+        run that dies before its first periodic checkpoint can still be resumed."""
+        fresh = self.rounds_completed == 0 and self.resumed_from is None
+        if fresh and self.settings.checkpoint_every:
+            self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
+        if self.writer is None or not self.algorithm.resumable:
+            return
+        self.writer.write_checkpoint(
+            self.rounds_completed,
+            self.params,
+            self.checkpoint_state(),
+            self.algorithm.tensor_state(),
+            log_entries=self._log_position,
+        )
+
     def checkpoint_state(self) -> dict[str, Any]:
         """What a resumed run needs besides the parameters and the algorithm's tensor
         state (`Algorithm.tensor_state`, saved to its own file by the writer): JSON."""
@@ -251,10 +267,13 @@ class Server:
     def resume(self) -> int:
         """Restores the last checkpoint of the run directory; returns the next round index.
 
-        Rounds after the checkpoint are re-run; their outputs are dropped and re-written.
-        The RNG streams derive from (seed, round, client), so the replay is the same
-        computation, and it is checked against the charges logged before the crash. The
-        algorithm gets its JSON state, then its tensor state on the server's device.
+        Every checkpoint file is verified against the manifest, and the ledger is rebuilt
+        from ledger_log.jsonl (the record of what was charged) and must equal the
+        checkpoint's copy (`_restore_ledger`); any mismatch raises `ResumeError`. Rounds
+        after the checkpoint are re-run; their outputs are dropped and re-written. The RNG
+        streams derive from (seed, round, client), so the replay is the same computation,
+        and it is checked against the charges logged before the crash. The algorithm gets
+        its JSON state, then its tensor state on the server's device.
         """
         if self.writer is None:
             raise ValueError("resume needs the run directory's writer")
@@ -273,18 +292,61 @@ class Server:
         self.rounds_completed = int(state["rounds_completed"])
         self.stop_reason = state["stop_reason"]
         self.rows = [_restore_nans(r) for r in state["rows"]]
-        if self.ledger is not None:
-            self.ledger = PrivacyLedger.from_dict(state["ledger"])
+        self._restore_ledger(state)
         self.algorithm.load_state_dict(state["algorithm"])
         self.algorithm.load_tensor_state({n: t.to(device) for n, t in tensors.items()})
-        self._logged = {
-            r: batches
-            for r, batches in self.writer.read_charge_log().items()
-            if r >= self.rounds_completed
-        }
         self.writer.prepare_resume(self.rounds_completed, self.rows)
         self.resumed_from = self.rounds_completed
         return self.rounds_completed
+
+    def _restore_ledger(self, state: Mapping[str, Any]) -> None:
+        """The ledger from the charge log, checked against the checkpoint's copy.
+
+        The checkpoint recorded how many log lines existed when it was written and the
+        chain value after them: the log must still reach that value (a truncated or edited
+        log cannot), and the charges in those lines must rebuild exactly the checkpoint's
+        ledger. The lines after them belong to rounds the resume replays (`_charge`).
+        """
+        assert self.writer is not None
+        batches = self.writer.charge_batches()
+        mark = state.get("ledger_log")
+        if not isinstance(mark, Mapping) or not isinstance(mark.get("entries"), int):
+            raise ResumeError("the checkpoint does not say how far ledger_log.jsonl reached")
+        n = mark["entries"]
+        reached = batches[n - 1].chain if 0 < n <= len(batches) else None
+        if len(batches) < n or (n > 0 and reached != mark.get("chain")):
+            raise ResumeError(
+                f"ledger_log.jsonl holds {len(batches)} charge records, but the checkpoint "
+                f"was written after {n} of them: the log was truncated or replaced; the "
+                "run cannot be resumed without under-counting its privacy cost"
+            )
+        settled, replay = batches[:n], batches[n:]
+        late = [b.round + 1 for b in settled if b.round >= self.rounds_completed]
+        early = [b.round + 1 for b in replay if b.round < self.rounds_completed]
+        if late or early:
+            raise ResumeError(
+                f"ledger_log.jsonl does not match the checkpoint's round "
+                f"{self.rounds_completed} (charges of round {(late or early)[0]} are on the "
+                "wrong side of it)"
+            )
+        if self.ledger is None:
+            if settled or state.get("ledger") is not None:
+                raise ResumeError("a non-private run's checkpoint or log holds privacy charges")
+        else:
+            rebuilt = rebuild_ledger(self.ledger, settled)
+            logged = json.loads(json.dumps(rebuilt.to_dict()))
+            saved = state.get("ledger")
+            where = first_ledger_difference(logged, saved if isinstance(saved, Mapping) else {})
+            if where is not None:
+                raise ResumeError(
+                    f"the checkpoint's ledger disagrees with ledger_log.jsonl ({where}); "
+                    "the log is the record of what was charged, so the run is not resumed"
+                )
+            self.ledger = rebuilt
+        self._log_position = n
+        self._logged = {}
+        for batch in replay:
+            self._logged.setdefault(batch.round, []).append(batch.charges)
 
     # ---- metrics ------------------------------------------------------------------
     def _epsilons(self) -> np.ndarray:
@@ -369,6 +431,32 @@ class Server:
         )
         return {f"fair_{k}": v for k, v in metrics.items()}
 
+    def _privacy_figures(self) -> dict[str, Any]:
+        """ε max and mean with the δ each holds at, never a pair that no client has.
+
+        With one δ for every client, ``delta`` is that δ. With heterogeneous budgets (each
+        client its own δ_n), ``delta`` is the δ of the client with the largest ε (named in
+        ``epsilon_max_client``), ``delta_max`` the largest δ of any client, and
+        ``epsilon_mean`` mixes δs (``deltas: "per client"``; each client's (ε_n, δ_n) is
+        in ledger.json and clients.parquet).
+        """
+        if self.ledger is None:
+            keys = ("epsilon_max", "epsilon_mean", "delta", "accountant", "epsilon_unit")
+            return dict.fromkeys(keys)
+        eps = self._epsilons()
+        top = int(np.argmax(eps))
+        out: dict[str, Any] = {
+            "epsilon_max": float(eps[top]),
+            "epsilon_mean": float(eps.mean()),
+            "delta": self.ledger.delta_of(top),
+            "accountant": self.ledger.accountant,
+            "epsilon_unit": _epsilon_unit(self.settings.metadata),
+        }
+        if self.ledger.client_budgets:
+            deltas = [self.ledger.delta_of(c) for c in range(self.num_clients)]
+            out.update(epsilon_max_client=top, delta_max=max(deltas), deltas="per client")
+        return out
+
     # ---- end of run -----------------------------------------------------------------
     def _score_final_model(self) -> None:
         """Scores the final model on the central test set if its round was not evaluated
@@ -411,15 +499,11 @@ class Server:
     def summary(self, wall_seconds: float) -> dict[str, Any]:
         """The run's final figures and privacy statement."""
         accs = [r["test_accuracy"] for r in self.rows if np.isfinite(r["test_accuracy"])]
-        eps = self._epsilons()
         private = self.ledger is not None
         out: dict[str, Any] = {
             "final_test_accuracy": accs[-1] if accs else None,
             "best_test_accuracy": max(accs) if accs else None,
-            "epsilon_max": float(eps.max()) if private else None,
-            "epsilon_mean": float(eps.mean()) if private else None,
-            "delta": self.ledger.delta if private else None,
-            "accountant": self.ledger.accountant if private else None,
+            **self._privacy_figures(),
             "private": private,
             "rounds_completed": self.rounds_completed,
             "updates_received_max": max((r["updates_received"] for r in self.rows), default=0),
@@ -436,6 +520,22 @@ class Server:
         }
         out.update(self.settings.metadata)
         return out
+
+
+def _diverged(round_idx: int) -> RuntimeError:
+    return RuntimeError(
+        f"resume diverged from the interrupted run in round {round_idx + 1}: the replayed "
+        "charges differ from ledger_log.jsonl (different code, config or hardware?); the "
+        "ledger log is the record of what was charged"
+    )
+
+
+def _epsilon_unit(metadata: Mapping[str, Any]) -> str:
+    """Which unit a run's ε is about: the privacy metadata's ``epsilon_unit`` (record-level
+    DP-SGD, today's only unit, when it says nothing)."""
+    privacy = metadata.get("privacy")
+    unit = privacy.get("epsilon_unit") if isinstance(privacy, Mapping) else None
+    return str(unit) if unit else "record"
 
 
 #: How a checkpointed row spells a non-finite float (JSON has none; the writer would

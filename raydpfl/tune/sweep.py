@@ -37,12 +37,8 @@ import yaml
 
 from raydpfl.config.load import dump_config
 from raydpfl.config.schema import Config, ConfigError
-from raydpfl.simulation.outputs import (
-    CHECKPOINT_DIR,
-    RunWriter,
-    check_run_dir_free,
-    prepare_run_dir,
-)
+from raydpfl.simulation.integrity import has_checkpoint
+from raydpfl.simulation.outputs import RunWriter, check_run_dir_free, prepare_run_dir
 from raydpfl.tune.selection import selection_privacy
 from raydpfl.tune.spec import Sweep, TuneSpec, parse_sweep, plain_value
 
@@ -236,9 +232,7 @@ def run_trial(params: Mapping[str, Any], sweep: Sweep, sweep_dir: str) -> None:
     config = replace(config, runtime=replace(config.runtime, progress=False))
     trial_id = tune.get_context().get_trial_id()
     run_dir = Path(sweep_dir) / TRIALS_DIR / trial_id
-    resume = (run_dir / CHECKPOINT_DIR / "state.json").is_file() and not (
-        run_dir / "summary.json"
-    ).exists()
+    resume = has_checkpoint(run_dir) and not (run_dir / "summary.json").exists()
     if not resume and run_dir.exists() and any(run_dir.iterdir()):
         _set_aside(run_dir)
     exp = build_experiment(config)

@@ -204,3 +204,68 @@ def test_ali_dpfl_with_its_mu_follow_ups_is_bit_identical_on_ray_and_local(ray_s
 
     assert summaries["ray"]["model_sha256"] == summaries["local"]["model_sha256"]
     assert summaries["ray"]["ledger_sha256"] == summaries["local"]["ledger_sha256"]
+
+
+def _server_actor_pids() -> list[int]:
+    """Processes of this session's Ray instance hosting a ServerHost actor."""
+    import os
+
+    import psutil
+
+    found = []
+    for proc in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if any("ServerHost" in part for part in proc.cmdline()):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_server_actor_is_restarted_from_its_checkpoint(ray_session, tmp_path):
+    import os
+    import signal
+
+    rounds = {"experiment__algorithm": {"rounds": 5}}
+    reference = run_experiment(build_experiment(small_config(**rounds)), None)
+    config = small_config(
+        **rounds,
+        runtime={"backend": "ray", "workers": 2, "progress": False, "checkpoint_every": 2},
+    )
+    killed: list[int] = []
+
+    def kill_the_server_after_round_3(row):
+        if row["round"] == 3 and not killed:
+            pids = _server_actor_pids()
+            assert len(pids) == 1, pids
+            os.kill(pids[0], signal.SIGKILL)  # the process, not a Ray call
+            killed.append(pids[0])
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = run_experiment(
+        build_experiment(config), run_dir, on_round=kill_the_server_after_round_3
+    )
+
+    assert killed
+    assert summary["resumed_from_round"] == 2  # the checkpoint after round 2
+    assert summary["rounds_completed"] == 5
+    assert summary["model_sha256"] == reference["model_sha256"]
+    assert summary["ledger_sha256"] == reference["ledger_sha256"]  # round 3 charged once
+
+
+def test_a_dead_server_without_a_checkpoint_is_a_clear_error(ray_session):
+    from raydpfl.backends.base import ServerLostError
+
+    config = _config(checkpoint_every=None)
+
+    def kill(row):
+        import os
+        import signal
+
+        for pid in _server_actor_pids():
+            os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(ServerLostError, match="no checkpoint to continue from"):
+        run_experiment(build_experiment(config), None, on_round=kill)

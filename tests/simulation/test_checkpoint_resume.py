@@ -14,7 +14,14 @@ import pytest
 import yaml
 
 from raydpfl.config import config_from_dict, load_config
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.config.schema import ConfigError
+from raydpfl.simulation.build import (
+    build_experiment,
+    make_local_backend,
+    make_server,
+    run_experiment,
+)
+from raydpfl.simulation.outputs import RunWriter
 
 RAW = {
     "experiment": {
@@ -43,7 +50,14 @@ RAW = {
 CHILD = """
 import sys, time
 from raydpfl.config import load_config
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.config.schema import ConfigError
+from raydpfl.simulation.build import (
+    build_experiment,
+    make_local_backend,
+    make_server,
+    run_experiment,
+)
+from raydpfl.simulation.outputs import RunWriter
 from pathlib import Path
 run_dir = Path(sys.argv[2]); run_dir.mkdir()
 exp = build_experiment(load_config(sys.argv[1]))
@@ -75,7 +89,7 @@ def test_killed_run_resumes_to_the_same_model_and_ledger(tmp_path):
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert not (run_dir / "summary.json").exists()
-    state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
+    state, _ = RunWriter(run_dir).read_checkpoint()
     assert state["rounds_completed"] == 4  # checkpoint_every: 4; killed after round 6
     log_lines = (run_dir / "ledger_log.jsonl").read_text().splitlines()
     charged_rounds = {json.loads(line)["round"] for line in log_lines}
@@ -98,15 +112,36 @@ def test_killed_run_resumes_to_the_same_model_and_ledger(tmp_path):
         run_experiment(exp, run_dir, resume=True)
 
 
-def test_a_replay_that_charges_differently_is_refused(tmp_path):
+def _interrupted_run(tmp_path, rounds=5):
+    """A finished run with its summary removed: to a resume, interrupted after `rounds`."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     raw = json.loads(json.dumps(RAW))
-    raw["experiment"]["algorithm"]["rounds"] = 5
+    raw["experiment"]["algorithm"]["rounds"] = rounds
     run_experiment(build_experiment(config_from_dict(raw)), run_dir)
-    (run_dir / "summary.json").unlink()  # pretend it was interrupted after round 5
-    # A config whose sigma differs cannot continue this run's ledger.
+    (run_dir / "summary.json").unlink()
+    return run_dir, raw
+
+
+def test_a_resume_that_changes_results_is_refused_naming_the_key(tmp_path):
+    run_dir, raw = _interrupted_run(tmp_path)
     raw["experiment"]["privacy"]["noise_multiplier"] = 1.3
-    raw["experiment"]["algorithm"]["rounds"] = 8
-    with pytest.raises(RuntimeError, match="resume diverged"):
+    with pytest.raises(ConfigError, match=r"^experiment\.privacy\.noise_multiplier: is 1\.1"):
         run_experiment(build_experiment(config_from_dict(raw)), run_dir, resume=True)
+    raw["experiment"]["privacy"]["noise_multiplier"] = 1.1
+    raw["runtime"]["seed"] = 4  # with data.seed null: other data, other partition
+    with pytest.raises(ConfigError, match=r"^runtime\.seed: is 3 in the run's config\.yaml"):
+        run_experiment(build_experiment(config_from_dict(raw)), run_dir, resume=True)
+
+
+def test_a_replay_that_charges_differently_is_refused(tmp_path):
+    run_dir, raw = _interrupted_run(tmp_path)
+    # Past the config check (the server API takes any experiment): a replay whose sigma
+    # differs makes other charges than the log holds for the replayed rounds.
+    writer = RunWriter(run_dir)
+    state, _ = writer.read_checkpoint()
+    assert state["rounds_completed"] == 4  # the checkpoint after round 4; round 5 replays
+    raw["experiment"]["privacy"]["noise_multiplier"] = 1.3
+    server = make_server(build_experiment(config_from_dict(raw)), writer, resume=True)
+    with pytest.raises(RuntimeError, match="resume diverged"):
+        server.run(make_local_backend(build_experiment(config_from_dict(raw))))

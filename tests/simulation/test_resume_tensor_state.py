@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raydpfl.algorithms.tensor_state import pack_client_tensors, pack_tensors, unpack_tensor_state
-from raydpfl.config import Config, config_from_dict
+from raydpfl.config import Config, config_from_dict, dump_config
 from raydpfl.simulation.build import (
     build_experiment,
     make_local_backend,
@@ -101,7 +101,10 @@ def _crash_after(config: Config, run_dir, rounds: int) -> None:
     """Runs `rounds` rounds with checkpoints, then drops everything (no close, no
     summary), as a killed process would."""
     exp = build_experiment(config)
-    server = make_server(exp, RunWriter(run_dir))
+    writer = RunWriter(run_dir)
+    writer.write_config(dump_config(config))  # as run_experiment does, before the server
+    server = make_server(exp, writer)
+    server.checkpoint_start()
     with make_local_backend(exp) as backend:
         for r in range(rounds):
             assert server.run_round(backend, r)
@@ -120,7 +123,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_results(case, tmp_path):
         assert reference["rounds_completed"] == 5 and "privacy budget" in reference["stop_reason"]
 
     _crash_after(config, run_dir, CRASH_AFTER)
-    state = json.loads((run_dir / CHECKPOINT_DIR / "state.json").read_text())
+    state, _ = RunWriter(run_dir).read_checkpoint()
     assert state["rounds_completed"] == EVERY
     resumed = run_experiment(build_experiment(config), run_dir, resume=True)
 
@@ -147,7 +150,7 @@ def test_tensor_state_is_written_only_for_algorithms_that_have_some(tmp_path):
         run_dir = tmp_path / case
         run_dir.mkdir()
         _crash_after(_with_checkpoints(CASES[case]()), run_dir, EVERY)
-        state = json.loads((run_dir / CHECKPOINT_DIR / "state.json").read_text())
+        state, _ = RunWriter(run_dir).read_checkpoint()
         assert (TENSORS_KEY in state) == has_tensors
         files = sorted(p.name for p in (run_dir / CHECKPOINT_DIR).glob("algorithm-*.pt"))
         assert files == ([f"algorithm-{EVERY:07d}.pt"] if has_tensors else [])
@@ -177,8 +180,9 @@ def test_tensor_state_round_trips_bit_for_bit_and_replaces_the_previous_file(tmp
     ckpt = writer.run_dir / CHECKPOINT_DIR
     assert sorted(p.name for p in ckpt.iterdir()) == [
         "algorithm-0000004.pt",
+        "manifest.json",
         "params-0000004.pt",
-        "state.json",
+        "state-0000004.json",
     ]
     state, _ = writer.read_checkpoint()
     loaded = writer.read_checkpoint_tensors(state)

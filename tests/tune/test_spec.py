@@ -217,17 +217,20 @@ def test_reporter_carries_the_metric_forward_and_holds_back_the_last_round():
 def test_sweep_epsilon_composes_every_trials_charges_per_client(tmp_path):
     import json
 
+    from raydpfl.simulation.integrity import GENESIS, charge_log_line
+
     runs = []
     histories = {0: [], 1: []}
     for t, (sigma, steps) in enumerate([(1.0, 4), (1.3, 6), (0.9, 2)]):
         run = tmp_path / "trials" / f"t{t}"
         run.mkdir(parents=True)
-        lines = []
+        lines, chain = [], GENESIS
         for r in range(2):
             charges = [[c, PrivacyCost(sigma, 0.1, steps).to_dict()] for c in (0, 1) if c or t]
             for c, _ in charges:
                 histories[c].append((sigma, 0.1, steps))
-            lines.append(json.dumps({"round": r, "charges": charges}))
+            lines.append(charge_log_line(chain, r, charges))
+            chain = json.loads(lines[-1])["chain"]
         (run / "ledger_log.jsonl").write_text("\n".join(lines) + "\n")
         runs.append(run)
 

@@ -14,6 +14,7 @@ so a run inside a Tune trial or an existing session leaves Ray alone.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,10 +25,14 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydpfl.backends.allocator import tune_allocator
+from raydpfl.backends.base import ServerLostError
 from raydpfl.backends.ray.backend import RayBackend
 from raydpfl.config.schema import ConfigError, RuntimeConfig
 from raydpfl.simulation.build import Experiment, make_server
+from raydpfl.simulation.integrity import has_checkpoint
 from raydpfl.simulation.outputs import RunWriter
+
+log = logging.getLogger(__name__)
 
 
 class ServerHost:
@@ -61,6 +66,7 @@ class ServerHost:
         )
         writer = RunWriter(Path(run_dir)) if run_dir is not None else None
         self.server = make_server(exp, writer, resume=resume)
+        self.server.checkpoint_start()  # nothing is lost if this actor dies in round 1
 
     def next_round(self) -> int:
         """The index of the first round to run (> 0 after a resume)."""
@@ -157,27 +163,70 @@ def run_on_ray(
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:
-    """Runs `exp` on Ray; same results as the local backend for the same seed."""
-    started = connect(exp.config.runtime.address)
+    """Runs `exp` on Ray; same results as the local backend for the same seed.
+
+    If the server actor dies (its process killed, its node lost), the driver starts a new
+    one that resumes from the run's last checkpoint, up to ``runtime.max_restarts`` times:
+    the replayed rounds are the same computation and are checked against the charges
+    logged before the death, so the run ends as an uninterrupted one would.
+    """
+    rt = exp.config.runtime
+    started = connect(rt.address)
     try:
-        host, _dataset_ref = start_server(exp, run_dir, resume)
-        try:
-            first = _unwrap(lambda: ray.get(host.next_round.remote()))
-            for round_idx in range(first, exp.config.experiment.algorithm.rounds):
-                row = _unwrap(lambda r=round_idx: ray.get(host.run_round.remote(r)))
-                if row is None:
-                    break
-                if on_round is not None:
-                    on_round(row)
-            return _unwrap(lambda: ray.get(host.finish.remote()))
-        finally:
+        restarts = 0
+        while True:
             try:
-                ray.get(host.close.remote(), timeout=60)
-            finally:
-                ray.kill(host, no_restart=True)
+                return _drive_server(exp, run_dir, on_round, resume)
+            except ray.exceptions.RayActorError as e:
+                if run_dir is None or not has_checkpoint(run_dir):
+                    raise ServerLostError(
+                        f"the server actor died ({type(e).__name__}) and the run has no "
+                        "checkpoint to continue from (runtime.checkpoint_every is null, or no "
+                        "run directory)"
+                    ) from None
+                if restarts >= rt.max_restarts:
+                    raise ServerLostError(
+                        f"the server actor died {restarts + 1} times "
+                        f"(runtime.max_restarts={rt.max_restarts})"
+                    ) from None
+                restarts += 1
+                resume = True
+                log.warning(
+                    "raydpfl: the server actor died (%s); restarting it from the last "
+                    "checkpoint (%d of %d restarts)",
+                    type(e).__name__,
+                    restarts,
+                    rt.max_restarts,
+                )
     finally:
         if started:
             ray.shutdown()
+
+
+def _drive_server(
+    exp: Experiment,
+    run_dir: Path | None,
+    on_round: Callable[[Mapping[str, Any]], None] | None,
+    resume: bool,
+) -> dict[str, Any]:
+    """Starts a server actor and drives its rounds to the summary."""
+    host, _dataset_ref = start_server(exp, run_dir, resume)
+    try:
+        first = _unwrap(lambda: ray.get(host.next_round.remote()))
+        for round_idx in range(first, exp.config.experiment.algorithm.rounds):
+            row = _unwrap(lambda r=round_idx: ray.get(host.run_round.remote(r)))
+            if row is None:
+                break
+            if on_round is not None:
+                on_round(row)
+        return _unwrap(lambda: ray.get(host.finish.remote()))
+    finally:
+        try:
+            ray.get(host.close.remote(), timeout=60)
+        except ray.exceptions.RayActorError:
+            pass  # it died: nothing left to close (its workers died with it)
+        finally:
+            ray.kill(host, no_restart=True)
 
 
 def _unwrap(call: Callable[[], Any]) -> Any:
