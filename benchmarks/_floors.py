@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from raydpfl.algorithms import DPFedAvg
-from raydpfl.simulation.build import Experiment
+from raydpfl.experiment.build import Experiment
 from raydpfl.simulation.seeding import SERVER, numpy_rng, torch_generator
 
 Params = dict[str, torch.Tensor]

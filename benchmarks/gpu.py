@@ -64,7 +64,7 @@ def kernel_seconds(run_round: Any, device: str) -> float | None:
 def run_case(workload: str, case: str, rounds: int, device: str) -> dict[str, Any]:
     """`rounds` timed rounds of `workload` in `case`, then one profiled round."""
     from raydpfl.config import load_config
-    from raydpfl.simulation.build import build_experiment, make_local_backend, make_server
+    from raydpfl.experiment.build import build_experiment, make_local_backend, make_server
 
     overrides = [
         "runtime.backend=local",

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--rounds must be at least 3")
     torch.set_num_threads(1)
     from raydpfl.config import load_config
-    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.experiment.build import build_experiment, run_experiment
 
     _instrument()
     overrides = ["runtime.backend=local", "runtime.cpus_per_worker=1", "runtime.threads=1"]

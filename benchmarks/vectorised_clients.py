@@ -42,7 +42,7 @@ from raydpfl.algorithms import DPFedAvg  # noqa: E402
 from raydpfl.algorithms.base import ClientContext, ClientData  # noqa: E402
 from raydpfl.models import build_model  # noqa: E402
 from raydpfl.privacy import multi_client  # noqa: E402
-from raydpfl.privacy.dpsgd import make_engine  # noqa: E402
+from raydpfl.privacy.engines import make_engine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "vectorised_clients.json"
 

@@ -153,7 +153,7 @@ def run_child(
             raise SystemExit(f"--runner {PEER} needs --peer-data (the workload's export)")
         return _run_peer(peer_data, rounds, ray_workers)
     from raydpfl.config import load_config
-    from raydpfl.simulation.build import build_experiment
+    from raydpfl.experiment.build import build_experiment
 
     torch.set_num_threads(threads)
     if runner == "raydpfl_ray":
@@ -214,7 +214,7 @@ def _run_raydpfl(runner: str, exp: Any) -> dict[str, Any]:
     pool's start, so it is the server's (round 1 is warm-up and left out of the rates);
     the rest of the time to the first row is reported as ``setup_seconds``.
     """
-    from raydpfl.simulation.build import run_experiment
+    from raydpfl.experiment.build import run_experiment
 
     total_rounds = exp.config.experiment.algorithm.rounds
     rows: list[dict[str, Any]] = []

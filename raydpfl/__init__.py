@@ -1,8 +1,41 @@
 """raydpfl: a Ray-based, scalable simulator for differentially-private federated learning.
 
-The public entry points are the command line (`raydpfl run CONFIG`) and
-`raydpfl.config.load_config` + `raydpfl.simulation.build.build_experiment` /
-`run_experiment`. Importing the package never imports Ray.
+From Python (see README "Use it from Python" and docs/architecture.md):
+
+    import raydpfl
+    result = raydpfl.run_simulation("configs/quickstart.yaml", model=MyNet, algorithm=...)
+
+`run_simulation`, `SimulationResult`, `Config` and `load_config` are loaded on first use,
+so importing the package stays cheap and never imports Ray. The command line
+(`raydpfl run CONFIG`) is a thin user of the same functions.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+#: Public names and the modules they live in (imported on first access).
+_EXPORTS = {
+    "run_simulation": "raydpfl.api",
+    "SimulationResult": "raydpfl.api",
+    "to_config": "raydpfl.api",
+    "Config": "raydpfl.config",
+    "ConfigError": "raydpfl.config",
+    "load_config": "raydpfl.config",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'raydpfl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

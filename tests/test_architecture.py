@@ -48,7 +48,7 @@ def test_lower_layers_do_not_import_config_or_orchestration(package):
 
 def test_importing_the_package_and_cli_imports_neither_ray_nor_torchvision():
     code = (
-        "import sys, raydpfl, raydpfl.cli.main, raydpfl.simulation.build; "
+        "import sys, raydpfl, raydpfl.cli.main, raydpfl.experiment.build; "
         "print('ray' in sys.modules, 'torchvision' in sys.modules)"
     )
 
@@ -83,3 +83,110 @@ def test_nothing_is_unpickled_from_user_paths():
                 offenders.append(f"{path.name}:{call.lineno}: {name}")
 
     assert offenders == []
+
+
+# ---- imports only point down (docs/architecture.md, "Layers") -----------------------------
+#: Each package's layer; a module may import its own package and packages of lower layers
+#: only. Packages on one layer do not import each other.
+LAYERS = {
+    "config": 0,
+    "privacy": 0,
+    "data": 0,
+    "models": 0,
+    "algorithms": 1,
+    "simulation": 2,
+    "backends": 3,
+    "experiment": 4,
+    "tune": 5,
+    "report": 5,
+    "cli": 6,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _edges(name: str) -> set[str]:
+    """The raydpfl modules `name` imports, at any depth of its code (lazy imports too).
+    ``from pkg import sub`` is an edge to ``pkg.sub`` when ``sub`` is a module."""
+    out = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & MODULES.keys()
+            if subs:
+                out |= subs
+            elif node.module in MODULES:
+                out.add(node.module)
+    out.discard(name)
+    return out
+
+
+def _cycles() -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    graph = {m: _edges(m) for m in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _package(module: str) -> str | None:
+    """The sub-package `module` lives in; None for the top level (`raydpfl`, its
+    `__main__` and `api`), which sits above every package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else None
+
+
+def test_no_import_circle_between_modules():
+    assert _cycles() == []
+
+
+def test_every_package_has_a_layer():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(LAYERS)
+
+
+def test_imports_only_point_down():
+    upward = []
+    for module in MODULES:
+        here = _package(module)
+        if here is None:
+            continue  # the top-level API sits above every package
+        for target in _edges(module):
+            there = _package(target)
+            if there is None:
+                upward.append(f"{module} -> {target} (the top-level package)")
+            elif there != here and LAYERS[there] >= LAYERS[here]:
+                upward.append(f"{module} -> {target}")
+    assert upward == []

@@ -50,7 +50,7 @@ def export(config: Path, out: Path | None, rounds: int | None) -> Path:
 
     from raydpfl.algorithms import DPFedAvg
     from raydpfl.config import load_config
-    from raydpfl.simulation.build import build_experiment
+    from raydpfl.experiment.build import build_experiment
     from raydpfl.simulation.seeding import SERVER, numpy_rng
 
     overrides = ["runtime.backend=local", "runtime.device=cpu"]

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 import raydpfl.algorithms.ali_dpfl as ali_dpfl  # noqa: E402
 import raydpfl.algorithms.dp_fedavg as dp_fedavg  # noqa: E402
 from raydpfl.config import config_from_dict  # noqa: E402
+from raydpfl.experiment.build import build_experiment, run_experiment  # noqa: E402
 from raydpfl.privacy.dpsgd import dp_sgd_gradient  # noqa: E402
-from raydpfl.simulation.build import build_experiment, run_experiment  # noqa: E402
 
 SETTINGS = {
     # FedFDP Table 6, ε = 2, DP-FedAvg (paper 82.69).

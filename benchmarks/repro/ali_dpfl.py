@@ -208,7 +208,7 @@ def run_cell(
     normalizer: str = "expected",
 ) -> dict:
     """Runs one method on one Fashion-MNIST cell; returns its record."""
-    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.experiment.build import build_experiment, run_experiment
 
     raw = yaml.safe_load(preset_path("fashion_mnist", cell).read_text())
     name, tau = METHODS[method]

@@ -22,7 +22,7 @@ beside the paper's mean ± std. ``--dataset diabetes`` is the offline stand-in f
 Club (linear regression, test MSE in standardised target units, so not comparable in
 scale with the paper's MSE in %²); N = 10, K = 2, T = 200, T0 = 10 keep the paper's
 K/N = 0.2 and uniform plan T_n = K·T/N = 40 on 354 training records. PRIVATEFL is not run
-on regression (see `raydpfl.simulation.builders.dpfl_bcs`).
+on regression (see `raydpfl.experiment.builders.dpfl_bcs`).
 
 Printed: final test accuracy (regression: test MSE) per run; the estimated (ρ̂_min, γ̂, L̂,
 μ̂) at t = T0 next to the paper's Table III; the plan T_n versus each client's budget
@@ -228,7 +228,7 @@ def write_configs() -> list[Path]:
 
 def run_one(label: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """Runs one preset in-process; returns accuracy, estimates, plans and ledger checks."""
-    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.experiment.build import build_experiment, run_experiment
 
     config = config_from_dict(cfg)
     start = time.time()

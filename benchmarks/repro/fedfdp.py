@@ -220,7 +220,7 @@ def run_cell(cell: Cell, method: str, seed: int, max_rounds: int | None, eval_ev
     """Runs one method on one cell; returns its record."""
     import numpy as np
 
-    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.experiment.build import build_experiment, run_experiment
 
     raw = preset(cell)
     name = METHODS[method][0] if cell.private else METHODS[method][1]

@@ -277,7 +277,7 @@ def run_one(setting: str, method: str, eps: float, seed: int, args: argparse.Nam
         max_accuracy_disparity,
         worst_client_accuracy,
     )
-    from raydpfl.simulation.build import build_experiment, make_local_backend, make_server
+    from raydpfl.experiment.build import build_experiment, make_local_backend, make_server
 
     torch.set_num_threads(args.threads)
     cfg = config_from_dict(_reduce(preset(setting, method, eps), args, seed))

@@ -38,7 +38,7 @@ from raydpfl.algorithms.rc_dpfl_baselines import (
 
 #: Algorithm classes by `name` (what `experiment.algorithm.name` selects). DPFL-BCS's
 #: (`DpflBcs`, `BcsFedSgd`) are left out: one class serves several names, configured by
-#: its builder (`raydpfl.simulation.builders.dpfl_bcs`).
+#: its builder (`raydpfl.experiment.builders.dpfl_bcs`).
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (

@@ -109,7 +109,7 @@ class ClientContext:
     Attributes:
         model: The worker's one resident model (used functionally; never trained in place).
         clipping: Per-sample clipping engine built once for that model (book-keeping
-            or torch.func; see `raydpfl.privacy.dpsgd.make_engine`).
+            or torch.func; see `raydpfl.privacy.engines.make_engine`).
         generator: The client's RNG stream for this round (sampling and noise).
         device: Where tensors live.
     """

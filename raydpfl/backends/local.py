@@ -13,7 +13,7 @@ import torch
 
 from raydpfl.algorithms.base import ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.backends.allocator import tune_allocator
-from raydpfl.backends.base import Backend
+from raydpfl.simulation.backend import Backend
 from raydpfl.simulation.evaluation import EvalResult
 from raydpfl.simulation.worker import ClientWorker
 

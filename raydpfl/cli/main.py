@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from raydpfl.backends.base import RoundTimeoutError, ServerLostError, WorkerLostError
 from raydpfl.config.schema import ConfigError
+from raydpfl.simulation.backend import RoundTimeoutError, ServerLostError, WorkerLostError
 
 EXIT_USAGE = 2
 
@@ -284,7 +284,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.experiment.build import build_experiment, run_experiment
     from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 
     if args.resume:
@@ -315,7 +315,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from raydpfl.config.load import load_config
-    from raydpfl.simulation.build import build_experiment, check_resume, run_experiment
+    from raydpfl.experiment.build import build_experiment, check_resume, run_experiment
 
     run_dir = Path(args.resume)
     if args.out:
@@ -413,7 +413,7 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_stats(args: argparse.Namespace) -> int:
-    from raydpfl.simulation.build import load_federated
+    from raydpfl.experiment.build import load_federated
 
     config = _load(args)
     ds = load_federated(config.experiment.data, config.runtime.seed)

@@ -20,10 +20,10 @@ noise, still counts, and is still charged — never resampled (opacus #161).
 The step is three stages — per-sample norms → per-sample weights → weighted gradient
 sum — then noise. Clipping is one weight rule (`clip_weights`); other rules (e.g.
 FedFDP's fair clipping) plug in at the weight stage without another training loop.
-Two engines implement the stages (`make_engine`): `PerSampleGradients` materialises
-per-sample gradients with torch.func; `bookkeeping.BookkeepingClipping` gets the norms
-from layer inputs and output gradients and never forms most per-sample gradients. Both
-give the same sum up to float error.
+Two engines implement the stages (chosen by `raydpfl.privacy.engines.make_engine`):
+`PerSampleGradients` materialises per-sample gradients with torch.func;
+`bookkeeping.BookkeepingClipping` gets the norms from layer inputs and output gradients
+and never forms most per-sample gradients. Both give the same sum up to float error.
 """
 
 from __future__ import annotations
@@ -179,26 +179,6 @@ class ClippedSumEngine(Protocol):
         into its own products (a GEMM that accumulates) instead of forming the sum first.
         """
         ...
-
-
-ENGINES = ("auto", "bookkeeping", "vmap")
-
-
-def make_engine(model: nn.Module, kind: str = "auto") -> ClippedSumEngine:
-    """The per-sample clipping engine for `model`.
-
-    ``bookkeeping`` computes per-sample norms from layer inputs and output gradients
-    (`raydpfl.privacy.bookkeeping`); ``vmap`` materialises per-sample gradients with
-    torch.func; ``auto`` takes book-keeping wherever every layer has a rule for it.
-    Both give the same update up to float error.
-    """
-    from raydpfl.privacy import bookkeeping  # imports this module: import late
-
-    if kind not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {kind!r}")
-    if kind == "bookkeeping" or (kind == "auto" and bookkeeping.supports(model)):
-        return bookkeeping.BookkeepingClipping(model)
-    return PerSampleGradients(model)
 
 
 class PerSampleGradients:

@@ -91,7 +91,12 @@ def render_markdown(
     notes: Sequence[str] = (),
 ) -> str:
     """The text of report.md."""
-    from raydpfl import __version__
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        __version__ = version("raydpfl")
+    except PackageNotFoundError:  # a source tree that was never installed
+        __version__ = "(not installed)"
 
     sweeps = sorted({r.sweep for r in runs if r.sweep is not None})
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
-from raydpfl.backends.base import Backend
 from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.simulation.backend import Backend
 from raydpfl.simulation.evaluation import EvalResult, evaluate
 from raydpfl.simulation.fairness import fairness_metrics
 from raydpfl.simulation.integrity import ResumeError, first_ledger_difference, rebuild_ledger

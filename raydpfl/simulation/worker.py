@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.models import build_model
 from raydpfl.privacy import multi_client
-from raydpfl.privacy.dpsgd import make_engine
+from raydpfl.privacy.engines import make_engine
 from raydpfl.simulation.evaluation import EvalResult, evaluate, evaluation_params
 from raydpfl.simulation.seeding import torch_generator
 
@@ -38,16 +38,31 @@ Params = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Everything needed to rebuild the model architecture in any process."""
+    """Everything needed to rebuild the model architecture in any process.
+
+    A zoo model is rebuilt by name. A user's model comes as `factory`, a callable with no
+    arguments returning the module (a class or function from the user's script, a
+    notebook or ``__main__`` included): it travels to Ray workers with the spec
+    (cloudpickle takes such definitions by value).
+    """
 
     name: str
     input_shape: tuple[int, ...]
     num_classes: int
     options: Mapping[str, int]
+    factory: Callable[[], torch.nn.Module] | None = None
 
     def build(self) -> torch.nn.Module:
         """A fresh instance (parameters are overwritten by the broadcast ones)."""
-        return build_model(self.name, self.input_shape, self.num_classes, **dict(self.options))
+        if self.factory is None:
+            return build_model(self.name, self.input_shape, self.num_classes, **dict(self.options))
+        model = self.factory()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"model: the factory {self.name!r} must return a torch.nn.Module, "
+                f"got {type(model).__name__}"
+            )
+        return model
 
 
 def resolve_device(device: str) -> torch.device:

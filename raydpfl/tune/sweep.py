@@ -38,7 +38,7 @@ import yaml
 from raydpfl.config.load import dump_config
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.simulation.integrity import has_checkpoint
-from raydpfl.simulation.outputs import RunWriter, check_run_dir_free, prepare_run_dir
+from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 from raydpfl.tune.selection import selection_privacy
 from raydpfl.tune.spec import Sweep, TuneSpec, parse_sweep, plain_value
 
@@ -226,7 +226,7 @@ def run_trial(params: Mapping[str, Any], sweep: Sweep, sweep_dir: str) -> None:
     """One trial: the simulation of `params`, reporting every round to Tune."""
     from ray import tune
 
-    from raydpfl.simulation.build import build_experiment
+    from raydpfl.experiment.build import build_experiment
 
     config = sweep.trial_config(_params_of(sweep, params))
     config = replace(config, runtime=replace(config.runtime, progress=False))
@@ -288,27 +288,12 @@ class TrialReporter:
 
 
 def run_in_trial(exp: Any, run_dir: Path, on_round: Any, resume: bool) -> dict[str, Any]:
-    """Runs `exp` with this process as the server (inside the trial's placement group)."""
-    from raydpfl.simulation.build import run_experiment
+    """Runs `exp` with this process as the server (inside the trial's placement group):
+    the same `run_experiment` as `raydpfl run`."""
+    from raydpfl.experiment.build import run_experiment
 
-    if exp.config.runtime.backend == "local":
-        return run_experiment(exp, run_dir, on_round, resume=resume)
-    import ray
-
-    from raydpfl.backends.ray.runner import ServerHost
-
-    if not resume:
-        RunWriter(run_dir).write_config(dump_config(exp.config))
-    # Not `run_experiment`: its server actor is pinned to a node, which would take it and
-    # its workers out of the trial's placement group. Here the server lives in this
-    # process, so the workers it starts are captured by the group (Ray schedules children
-    # of a placement-group task there).
-    host = ServerHost(exp, [ray.put(exp.dataset)], str(run_dir), resume)
-    host.server.on_round = on_round
-    try:
-        return host.server.run(host.backend)
-    finally:
-        host.backend.close()
+    in_process = exp.config.runtime.backend == "ray"
+    return run_experiment(exp, run_dir, on_round, resume=resume, server_in_process=in_process)
 
 
 def _set_aside(run_dir: Path) -> None:

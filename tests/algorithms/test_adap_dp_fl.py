@@ -17,7 +17,7 @@ from raydpfl.algorithms.adap_dp_fl import (
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask
 from raydpfl.models import build_model
 from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.dpsgd import make_engine
+from raydpfl.privacy.engines import make_engine
 from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
 
 
@@ -283,7 +283,7 @@ def test_adap_dp_fl_runs_from_a_config_and_needs_an_initial_sigma():
     import pytest
 
     from raydpfl.config import ConfigError
-    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.experiment.build import build_experiment, run_experiment
     from tests.conftest import small_config
 
     config = small_config(

@@ -13,7 +13,7 @@ from raydpfl.algorithms.ali_dpfl import AliDpfl, DPFedAvgFixedTau, secant_mu
 from raydpfl.algorithms.ali_dpfl_theory import iteration_budget, round_tau, tau_star
 from raydpfl.algorithms.base import ClientResult
 from raydpfl.config import ConfigError
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.simulation.outputs import prepare_run_dir
 from tests.conftest import small_config
 

@@ -14,8 +14,8 @@ from raydpfl.algorithms import dpfl_bcs_theory as th
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult
 from raydpfl.algorithms.dpfl_bcs import DpflBcs, laplace_noise
 from raydpfl.config import ConfigError, config_from_dict
+from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.models import build_model
-from raydpfl.simulation.build import build_experiment, run_experiment
 from tests.algorithms.dpfl_bcs_helpers import BCS_CLIENTS, bcs_args, bcs_config
 
 N = BCS_CLIENTS

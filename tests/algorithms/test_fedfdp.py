@@ -20,10 +20,10 @@ from raydpfl.algorithms.fedfdp_theory import (
     max_rounds_paper,
 )
 from raydpfl.config import ConfigError
+from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.dpsgd import PerSampleGradients, per_sample_norms
 from raydpfl.privacy.ledger import PrivacyCost
-from raydpfl.simulation.build import build_experiment, run_experiment
 from tests.algorithms.fedfdp_helpers import ctx, params_of, tiny_data, tiny_model
 from tests.conftest import small_config
 

@@ -20,7 +20,7 @@ from raydpfl.algorithms.fedfdp_baselines import (
     weighted_variance,
 )
 from raydpfl.config.fedfdp import NAMES
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.experiment.build import build_experiment, run_experiment
 from tests.algorithms.fedfdp_helpers import ctx, params_of, tiny_data, tiny_model
 from tests.conftest import small_config
 

@@ -12,7 +12,7 @@ from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, Cli
 from raydpfl.algorithms.pe_dpfl import PeDpfl, calibrate_noise_multiplier, classifier_names
 from raydpfl.models import build_model
 from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.dpsgd import make_engine
+from raydpfl.privacy.engines import make_engine
 from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
 
 
@@ -196,7 +196,7 @@ def test_calibrated_noise_makes_exactly_that_many_rounds_affordable():
 
 
 def test_pe_dpfl_runs_from_a_config_and_stops_on_its_own_budget():
-    from raydpfl.simulation.build import build_experiment, run_experiment
+    from raydpfl.experiment.build import build_experiment, run_experiment
     from tests.conftest import small_config
 
     config = small_config(

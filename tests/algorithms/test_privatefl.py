@@ -12,6 +12,7 @@ from raydpfl.algorithms.base import ClientContext, ClientData
 from raydpfl.algorithms.dpfl_bcs import DpflBcs
 from raydpfl.algorithms.privatefl import PrivateFl, PrivateFlResult, client_key
 from raydpfl.config import ConfigError, config_from_dict
+from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.models import build_model
 from raydpfl.models.dpfl_bcs import (
     TRANSFORM_SCALE,
@@ -19,7 +20,6 @@ from raydpfl.models.dpfl_bcs import (
     apply_input_transform,
     identity_input_transform,
 )
-from raydpfl.simulation.build import build_experiment, run_experiment
 from raydpfl.simulation.evaluation import evaluate, evaluation_params
 from tests.algorithms.dpfl_bcs_helpers import BCS_CLIENTS, bcs_args, bcs_config
 

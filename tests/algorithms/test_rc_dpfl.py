@@ -13,7 +13,7 @@ from raydpfl.algorithms.rc_dpfl import RcDpfl, assign_task, cluster_sums
 from raydpfl.algorithms.rc_dpfl_baselines import IfcaCDPFL, KMeansCDPFL, OracleCDPFL
 from raydpfl.algorithms.rc_dpfl_theory import hungarian_clustering_accuracy, two_stage_epsilon
 from raydpfl.config import ConfigError, config_from_dict
-from raydpfl.privacy.dpsgd import make_engine
+from raydpfl.privacy.engines import make_engine
 from raydpfl.privacy.ledger import PrivacyLedger
 
 N_CLIENTS, DIM = 12, 50
@@ -262,7 +262,7 @@ def test_bad_config_names_the_field(patch, field):
     ],
 )
 def test_data_dependent_config_errors_come_before_training(overrides, field):
-    from raydpfl.simulation.build import build_experiment
+    from raydpfl.experiment.build import build_experiment
 
     raw = {
         "experiment": {

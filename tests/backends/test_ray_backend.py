@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from raydpfl.backends.base import RoundTimeoutError, WorkerLostError
 from raydpfl.config import ConfigError, config_from_dict
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.experiment.build import build_experiment, run_experiment
+from raydpfl.simulation.backend import RoundTimeoutError, WorkerLostError
 from tests.conftest import FASHION_MNIST_DIR, small_config
 
 pytestmark = pytest.mark.ray
@@ -134,7 +134,7 @@ def test_a_thousand_clients_never_travel_as_a_thousand_updates(ray_session):
 
 def test_per_client_results_come_back_in_plan_order_and_equal_local(ray_session):
     from raydpfl.backends.ray.backend import RayBackend
-    from raydpfl.simulation.build import make_local_backend
+    from raydpfl.experiment.build import make_local_backend
 
     exp = build_experiment(_config(workers=2))
     rt = exp.config.runtime
@@ -256,7 +256,7 @@ def test_a_killed_server_actor_is_restarted_from_its_checkpoint(ray_session, tmp
 
 
 def test_a_dead_server_without_a_checkpoint_is_a_clear_error(ray_session):
-    from raydpfl.backends.base import ServerLostError
+    from raydpfl.simulation.backend import ServerLostError
 
     config = _config(checkpoint_every=None)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.experiment.build import build_experiment, run_experiment
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ import json, sys
 import ray
 
 from raydpfl.backends.ray import runner
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.experiment.build import build_experiment, run_experiment
 from tests.conftest import small_config
 
 placements, driver_node, nodes = [], [], []

@@ -88,6 +88,7 @@ def test_an_interrupted_run_says_how_to_resume_and_the_command_works(tmp_path, s
     reference = tmp_path / "reference"
     assert main(["run", str(config), "--out", str(reference), "--no-progress"]) == 0
     assert resumed["resumed_from_round"] >= 3
-    assert resumed["model_sha256"] == json.loads((reference / "summary.json").read_text())[
-        "model_sha256"
-    ]
+    assert (
+        resumed["model_sha256"]
+        == json.loads((reference / "summary.json").read_text())["model_sha256"]
+    )

@@ -6,7 +6,8 @@ from torch import nn
 
 from raydpfl.models import MODELS, build_model
 from raydpfl.privacy.bookkeeping import BookkeepingClipping, supports
-from raydpfl.privacy.dpsgd import PerSampleGradients, clip_weights, make_engine, per_sample_norms
+from raydpfl.privacy.dpsgd import PerSampleGradients, clip_weights, per_sample_norms
+from raydpfl.privacy.engines import make_engine
 
 
 class _Mixed(nn.Module):

@@ -194,7 +194,7 @@ def test_invalid_step_arguments_are_rejected(bad):
 @pytest.mark.parametrize("engine_kind", ["vmap", "bookkeeping"])
 @pytest.mark.parametrize("sigma", [0.0, 1.5])
 def test_fused_step_equals_subtracting_the_privatised_gradient(engine_kind, sigma):
-    from raydpfl.privacy.dpsgd import make_engine
+    from raydpfl.privacy.engines import make_engine
 
     model, params, x, y = _model_and_batch(9)
     engine = make_engine(model, engine_kind)
@@ -255,7 +255,7 @@ def test_clipped_sum_into_adds_the_sum_to_the_given_tensors(engine_kind, n):
     """`into=` returns the caller's own tensors with the clipped sum added (the fused
     GEMM for Linear layers), equal to adding the separately formed sum; an empty batch
     leaves them unchanged."""
-    from raydpfl.privacy.dpsgd import make_engine
+    from raydpfl.privacy.engines import make_engine
 
     model, params, x, y = _model_and_batch(max(n, 1))
     x, y = x[:n], y[:n]

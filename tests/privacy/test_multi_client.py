@@ -25,7 +25,7 @@ from raydpfl.algorithms import DPFedAvg
 from raydpfl.algorithms.base import ClientContext, ClientData, WeightedUpdateSum
 from raydpfl.models import build_model
 from raydpfl.privacy import multi_client
-from raydpfl.privacy.dpsgd import make_engine
+from raydpfl.privacy.engines import make_engine
 from raydpfl.privacy.multi_client import MultiClientDPSGD, for_model, pays_off
 
 SIZES = [1, 2, 5, 37, 120, 9]  # very different |D_i|; the 1-record client has empty batches

@@ -15,7 +15,7 @@ import yaml
 
 from raydpfl.config import config_from_dict, load_config
 from raydpfl.config.schema import ConfigError
-from raydpfl.simulation.build import (
+from raydpfl.experiment.build import (
     build_experiment,
     make_local_backend,
     make_server,
@@ -51,7 +51,7 @@ CHILD = """
 import sys, time
 from raydpfl.config import load_config
 from raydpfl.config.schema import ConfigError
-from raydpfl.simulation.build import (
+from raydpfl.experiment.build import (
     build_experiment,
     make_local_backend,
     make_server,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from raydpfl.config import config_from_dict
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.experiment.build import build_experiment, run_experiment
 from tests.conftest import FASHION_MNIST_DIR, small_config
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from raydpfl.config import ConfigError, config_from_dict, schema
-from raydpfl.simulation.build import build_experiment, make_local_backend, make_server
+from raydpfl.experiment.build import build_experiment, make_local_backend, make_server
 from tests.algorithms.dpfl_bcs_helpers import bcs_config
 from tests.conftest import small_config
 

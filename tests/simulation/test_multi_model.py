@@ -13,8 +13,8 @@ from raydpfl.algorithms.multi_model import (
     model_params,
 )
 from raydpfl.config import config_from_dict
-from raydpfl.simulation.build import build_experiment, make_local_backend, run_experiment
-from raydpfl.simulation.builders.rc_dpfl import ClusteredDataset
+from raydpfl.experiment.build import build_experiment, make_local_backend, run_experiment
+from raydpfl.experiment.builders.rc_dpfl import ClusteredDataset
 from raydpfl.simulation.outputs import model_sha256
 
 
@@ -101,7 +101,7 @@ def test_worker_starts_each_task_from_its_model_and_scores_clients_with_theirs()
 
 
 def test_rc_dpfl_run_scores_clients_with_their_cluster_models_and_pools_the_central_figure():
-    from raydpfl.simulation.build import make_server
+    from raydpfl.experiment.build import make_server
 
     exp = build_experiment(rc_config(rounds=3))
     assert isinstance(exp.dataset, ClusteredDataset)
@@ -124,7 +124,7 @@ def test_rc_dpfl_run_scores_clients_with_their_cluster_models_and_pools_the_cent
 
 
 def test_multi_model_checkpoint_resumes_to_the_same_models(tmp_path):
-    from raydpfl.simulation.build import make_server
+    from raydpfl.experiment.build import make_server
     from raydpfl.simulation.outputs import RunWriter
 
     def cfg():

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from raydpfl.algorithms.base import ClientContext, ClientData
 from raydpfl.algorithms.dpfl_bcs import DpflBcs
 from raydpfl.config import ConfigError, config_from_dict, load_config
+from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.models import build_model
-from raydpfl.simulation.build import build_experiment, run_experiment
 from raydpfl.simulation.evaluation import evaluate
 from tests.algorithms.dpfl_bcs_helpers import bcs_config
 

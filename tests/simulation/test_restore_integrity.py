@@ -16,7 +16,7 @@ import yaml
 
 from raydpfl.cli.main import main
 from raydpfl.config import config_from_dict
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.simulation.integrity import (
     GENESIS,
     ResumeError,
@@ -252,7 +252,7 @@ def test_run_config_with_resume_is_accepted_when_it_is_the_runs_config(interrupt
 # ---- 5. nothing is lost before the first periodic checkpoint -------------------------------
 def test_a_run_killed_in_its_first_round_resumes_from_its_start_checkpoint(tmp_path):
     from raydpfl.config import dump_config
-    from raydpfl.simulation.build import make_local_backend, make_server
+    from raydpfl.experiment.build import make_local_backend, make_server
 
     raw = json.loads(json.dumps(RAW))
     raw["runtime"]["checkpoint_every"] = 4

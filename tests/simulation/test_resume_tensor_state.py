@@ -14,7 +14,7 @@ import torch
 
 from raydpfl.algorithms.tensor_state import pack_client_tensors, pack_tensors, unpack_tensor_state
 from raydpfl.config import Config, config_from_dict, dump_config
-from raydpfl.simulation.build import (
+from raydpfl.experiment.build import (
     build_experiment,
     make_local_backend,
     make_server,

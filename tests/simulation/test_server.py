@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from raydpfl.simulation.build import build_experiment, run_experiment
+from raydpfl.experiment.build import build_experiment, run_experiment
 from tests.conftest import small_config
 
 

@@ -168,7 +168,7 @@ def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_models(tmp_path)
     # The same trials uninterrupted (the local backend gives the Ray backend's bits).
     for r, s in zip(table, summaries, strict=True):
         config = load_config(out / r["run_dir"] / "config.yaml", ["runtime.backend=local"])
-        from raydpfl.simulation.build import build_experiment, run_experiment
+        from raydpfl.experiment.build import build_experiment, run_experiment
 
         fresh = run_experiment(build_experiment(config), None)
         assert s["model_sha256"] == fresh["model_sha256"]

@@ -27,8 +27,8 @@ import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from raydpfl.algorithms.base import ClientResult, ClientTask, WeightedUpdateSum
-from raydpfl.backends.base import Backend, RoundTimeoutError, WorkerLostError, worker_threads
 from raydpfl.backends.ray.actors import RemoteClientWorker
+from raydpfl.simulation.backend import Backend, RoundTimeoutError, WorkerLostError, worker_threads
 from raydpfl.simulation.evaluation import EvalResult
 from raydpfl.simulation.reduction import estimated_work, group_work, lpt_bins
 

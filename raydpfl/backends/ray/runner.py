@@ -25,10 +25,10 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydpfl.backends.allocator import tune_allocator
-from raydpfl.backends.base import ServerLostError
 from raydpfl.backends.ray.backend import RayBackend
 from raydpfl.config.schema import ConfigError, RuntimeConfig
-from raydpfl.simulation.build import Experiment, make_server
+from raydpfl.simulation.backend import ServerLostError
+from raydpfl.simulation.experiment import Experiment, make_server
 from raydpfl.simulation.integrity import has_checkpoint
 from raydpfl.simulation.outputs import RunWriter
 
@@ -162,6 +162,7 @@ def run_on_ray(
     run_dir: Path | None,
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
     resume: bool = False,
+    server_in_process: bool = False,
 ) -> dict[str, Any]:
     """Runs `exp` on Ray; same results as the local backend for the same seed.
 
@@ -169,7 +170,13 @@ def run_on_ray(
     one that resumes from the run's last checkpoint, up to ``runtime.max_restarts`` times:
     the replayed rounds are the same computation and are checked against the charges
     logged before the death, so the run ends as an uninterrupted one would.
+
+    With `server_in_process`, the server runs in this process instead of an actor (a
+    Tune trial: an actor pinned to a node would leave the trial's placement group, and
+    the workers a task starts are captured by its group; the trial is Tune's to restart).
     """
+    if server_in_process:
+        return _serve_in_process(exp, run_dir, on_round, resume)
     rt = exp.config.runtime
     started = connect(rt.address)
     try:
@@ -201,6 +208,21 @@ def run_on_ray(
     finally:
         if started:
             ray.shutdown()
+
+
+def _serve_in_process(
+    exp: Experiment,
+    run_dir: Path | None,
+    on_round: Callable[[Mapping[str, Any]], None] | None,
+    resume: bool,
+) -> dict[str, Any]:
+    """The server in this process (Ray already running), its workers as Ray actors."""
+    host = ServerHost(exp, [ray.put(exp.dataset)], str(run_dir) if run_dir else None, resume)
+    host.server.on_round = on_round
+    try:
+        return host.server.run(host.backend)
+    finally:
+        host.backend.close()
 
 
 def _drive_server(

@@ -111,7 +111,7 @@ def build(
     config: Config, dataset: FederatedDataset, model: nn.Module
 ) -> tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]:
     """The algorithm named by `config`, its ledger (None if non-private) and metadata."""
-    from raydpfl.simulation.build import check_delta, privacy_metadata
+    from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
 
     exp, rt = config.experiment, config.runtime
     algo, privacy, rc = exp.algorithm, exp.privacy, exp.algorithm.rc_dpfl

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,68 +21,55 @@ from raydpfl.algorithms.ali_dpfl import AliDpfl, DPFedAvgFixedTau
 from raydpfl.algorithms.ali_dpfl_theory import classic_epsilon, iteration_budget
 from raydpfl.algorithms.pe_dpfl import PeDpfl
 from raydpfl.algorithms.pe_dpfl import calibrate_noise_multiplier as calibrate_pe_noise
-from raydpfl.backends.base import Backend, worker_threads
 from raydpfl.backends.local import LocalBackend
 from raydpfl.config.load import dump_config, load_config
 from raydpfl.config.resume import check_resume_config
 from raydpfl.config.schema import Config, ConfigError, DataConfig, PrivacyConfig
 from raydpfl.data.datasets import load_dataset
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
-from raydpfl.privacy.accountants import describe_accountant
-from raydpfl.privacy.calibration import epsilon_for, noise_multiplier_for
+from raydpfl.experiment.privacy_settings import check_delta, noise_multiplier, privacy_metadata
+from raydpfl.privacy.calibration import epsilon_for
 from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.simulation.backend import Backend, worker_threads
+from raydpfl.simulation.experiment import Experiment, make_server
 from raydpfl.simulation.integrity import ResumeError, read_manifest
 from raydpfl.simulation.outputs import RunWriter
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
-from raydpfl.simulation.server import CentralTestSet, Server, ServerSettings
-from raydpfl.simulation.worker import ClientWorker, ModelSpec, as_tensor, resolve_device
+from raydpfl.simulation.worker import ClientWorker, ModelSpec, resolve_device
 
 Params = dict[str, torch.Tensor]
 
-#: What a reported ε means; copied into every private run's summary.json.
-PRIVACY_STATEMENT = {
-    "unit": "record: one training example of one client (per-client record-level DP)",
-    "adjacency": "add or remove one training record of the client",
-    "mechanism": "Poisson-subsampled Gaussian (DP-SGD), composed over every local step "
-    "the client ran",
-    "sampling": "Poisson sampling of each client's records in every DP-SGD step; cohorts are "
-    "drawn uniformly without replacement and treated as public: no amplification from client "
-    "sampling is claimed and a client is charged only for the rounds it trains in",
-    "covers": "every model the client released in every round (charged before dispatch)",
-    "noise_source": "research mode: seeded PyTorch PRNG (reproducible; not floating-point secure)",
-    "tuning": "not included: epsilon is per run, excluding any hyperparameter search",
-}
-
-
-@dataclass
-class Experiment:
-    """A built, validated experiment: everything needed to run it."""
-
-    config: Config
-    dataset: FederatedDataset
-    algorithm: Algorithm
-    ledger: PrivacyLedger | None
-    model_spec: ModelSpec
-    init_params: Params
-    device: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    extra_unaccounted: list[str] = field(default_factory=list)
-
-
-def build_experiment(config: Config) -> Experiment:
+def build_experiment(
+    config: Config,
+    *,
+    dataset: FederatedDataset | None = None,
+    model: Callable[[], torch.nn.Module] | None = None,
+    algorithm: Algorithm | None = None,
+) -> Experiment:
     """Loads data, builds the model, algorithm and ledger, and validates what depends on data.
 
+    Args:
+        config: The validated config tree.
+        dataset: A federated dataset to use instead of `experiment.data`'s.
+        model: A callable with no arguments returning a fresh `torch.nn.Module`, used
+            instead of `experiment.model` (e.g. a class defined in the user's script).
+        algorithm: An algorithm instance used instead of `experiment.algorithm.name`'s;
+            the config still gives the schedule (rounds, eval_every) and, when the
+            algorithm is private, the ledger's accountant, δ and per-client ε budget.
+
     Raises:
-        ConfigError: A value that only the data can refute (e.g. δ ≥ 1/|D_i|), or a
-            dataset that cannot be partitioned as asked.
+        ConfigError: A value that only the data can refute (e.g. δ ≥ 1/|D_i|), a dataset
+            that cannot be partitioned as asked, or an argument of the wrong kind (named).
         DatasetNotFoundError: Dataset files are missing.
     """
     exp, rt = config.experiment, config.runtime
+    _check_user_objects(dataset, model, algorithm)
     if rt.threads is not None:
         torch.set_num_threads(rt.threads)
     # The server evaluates on this process's device; Ray workers resolve their own.
     device = _server_device(rt.backend, rt.device)
-    dataset = load_federated(exp.data, rt.seed)
+    if dataset is None:
+        dataset = load_federated(exp.data, rt.seed)
     sizes = dataset.train_sizes()
     if (sizes == 0).any():
         raise ConfigError(
@@ -93,26 +79,34 @@ def build_experiment(config: Config) -> Experiment:
         )
     model_options = {"hidden": exp.model.hidden} if exp.model.name == "mlp" else {}
     spec = ModelSpec(
-        exp.model.name, tuple(dataset.input_shape), dataset.num_classes, model_options
+        exp.model.name if model is None else _callable_name(model),
+        tuple(dataset.input_shape),
+        dataset.num_classes,
+        model_options if model is None else {},
+        factory=model,
     )
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(rt.seed, NO_ROUND, SERVER, "init"))
-            model = spec.build()
-    except ValueError as e:
-        raise ConfigError("experiment.model.name", str(e)) from None
-    init_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+            net = spec.build()
+    except (ValueError, TypeError) as e:
+        field_name = "experiment.model.name" if model is None else "model"
+        raise ConfigError(field_name, str(e).removeprefix("model: ")) from None
+    init_params = {n: p.detach().clone() for n, p in net.named_parameters()}
 
     metadata: dict[str, Any] = {
         "experiment": exp.name,
-        "algorithm": exp.algorithm.name,
-        "dataset": exp.data.dataset,
+        "algorithm": exp.algorithm.name if algorithm is None else algorithm.name,
+        "dataset": exp.data.dataset if dataset is None else dataset.name,
         "num_clients": dataset.num_clients,
         "seed": rt.seed,
         "backend": rt.backend,
         "workers": rt.workers if rt.backend == "ray" else 1,
     }
-    algorithm, ledger, privacy = _make_algorithm(config, dataset, model)
+    if algorithm is None:
+        algorithm, ledger, privacy = _make_algorithm(config, dataset, net)
+    else:
+        ledger, privacy = _ledger_for(algorithm, config.experiment.privacy, sizes)
     metadata["privacy"] = privacy
     extra = []
     if exp.data.client_test_fraction > 0 and exp.algorithm.evaluate_clients:
@@ -139,6 +133,45 @@ def build_experiment(config: Config) -> Experiment:
         metadata=metadata,
         extra_unaccounted=extra,
     )
+
+
+def _check_user_objects(dataset: Any, model: Any, algorithm: Any) -> None:
+    """One clear error, naming the argument, for a user object of the wrong kind."""
+    if dataset is not None and not isinstance(dataset, FederatedDataset):
+        raise ConfigError(
+            "dataset",
+            "must be a raydpfl.data.FederatedDataset (e.g. from raydpfl.data.federate), "
+            f"got {type(dataset).__name__}",
+        )
+    if model is not None and not callable(model):
+        raise ConfigError(
+            "model",
+            "must be a callable with no arguments returning a torch.nn.Module (a Module "
+            f"class, or a function), got {type(model).__name__}",
+        )
+    if algorithm is not None and not isinstance(algorithm, Algorithm):
+        hint = " (an instance, not the class)" if isinstance(algorithm, type) else ""
+        raise ConfigError(
+            "algorithm",
+            f"must be a raydpfl.algorithms.Algorithm instance{hint}, "
+            f"got {getattr(algorithm, '__name__', type(algorithm).__name__)}",
+        )
+
+
+def _callable_name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "custom_model"))
+
+
+def _ledger_for(
+    algorithm: Algorithm, privacy: PrivacyConfig, sizes: np.ndarray
+) -> tuple[PrivacyLedger | None, dict[str, Any]]:
+    """The ledger of a user-supplied algorithm: the config's accountant, δ and per-client
+    ε budget when it is private (its tasks declare their own costs), none otherwise."""
+    if not algorithm.is_private:
+        return None, {"unit": "none: non-private run (epsilon is infinite)"}
+    check_delta(privacy.delta, sizes)
+    ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
+    return ledger, privacy_metadata(privacy)
 
 
 def _make_algorithm(
@@ -182,7 +215,7 @@ def _make_algorithm(
 def _paper_builder(name: str) -> Any:
     """The per-paper builder module serving algorithm `name` (None: built here)."""
     from raydpfl.config import dpfl_bcs, fedfdp, rc_dpfl
-    from raydpfl.simulation import builders  # noqa: F401  (the package the modules live in)
+    from raydpfl.experiment import builders  # noqa: F401  (the package the modules live in)
 
     for section, module in (
         (fedfdp, "fedfdp"),
@@ -190,20 +223,8 @@ def _paper_builder(name: str) -> Any:
         (rc_dpfl, "rc_dpfl"),
     ):
         if name in section.NAMES:
-            return importlib.import_module(f"raydpfl.simulation.builders.{module}")
+            return importlib.import_module(f"raydpfl.experiment.builders.{module}")
     return None
-
-
-def privacy_metadata(privacy: PrivacyConfig) -> dict[str, Any]:
-    """The privacy statement and the run's privacy settings (summary.json)."""
-    return {
-        **PRIVACY_STATEMENT,
-        "accountant": describe_accountant(privacy.accountant),
-        "epsilon_budget": privacy.epsilon,
-        "delta": privacy.delta,
-        "sampling_rate": privacy.sampling_rate,
-        "clip_norm": privacy.clip_norm,
-    }
 
 
 def _ali_baseline(
@@ -356,7 +377,7 @@ def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
     seed = run_seed if data.seed is None else data.seed
     rng = numpy_rng(seed, NO_ROUND, SERVER, "partition")
     if data.cluster_shift.kind != "none":
-        from raydpfl.simulation.builders.rc_dpfl import load_clustered
+        from raydpfl.experiment.builders.rc_dpfl import load_clustered
 
         return load_clustered(data, rng)
     try:
@@ -407,62 +428,19 @@ def make_local_backend(exp: Experiment) -> Backend:
     return LocalBackend(worker, worker_threads(rt.cpus_per_worker))
 
 
-def make_server(
-    exp: Experiment,
-    writer: RunWriter | None = None,
-    on_round: Callable[[Mapping[str, Any]], None] | None = None,
-    resume: bool = False,
-) -> Server:
-    """The server for `exp`, scoring the global model on the central test set.
-
-    With `resume`, the server continues from the last checkpoint in `writer`'s run
-    directory (`Server.resume`).
-    """
-    model = exp.model_spec.build().to(exp.device)
-    model.requires_grad_(False)
-    test_set = CentralTestSet(
-        model,
-        as_tensor(exp.dataset.x_test, exp.device),
-        as_tensor(exp.dataset.y_test, exp.device),
-    )
-    algo = exp.config.experiment.algorithm
-    settings = ServerSettings(
-        run_seed=exp.config.runtime.seed,
-        rounds=algo.rounds,
-        eval_every=algo.eval_every,
-        evaluate_clients=algo.evaluate_clients
-        and exp.config.experiment.data.client_test_fraction > 0,
-        aggregation_groups=exp.config.runtime.aggregation_groups,
-        metadata=exp.metadata,
-        extra_unaccounted=tuple(exp.extra_unaccounted),
-        checkpoint_every=exp.config.runtime.checkpoint_every,
-    )
-    server = Server(
-        algorithm=exp.algorithm,
-        ledger=exp.ledger,
-        train_sizes=exp.dataset.train_sizes(),
-        init_params=exp.init_params,
-        test_set=test_set,
-        settings=settings,
-        writer=writer,
-        on_round=on_round,
-    )
-    if resume:
-        server.resume()
-    return server
-
-
 def run_experiment(
     exp: Experiment,
     run_dir: Path | None,
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
     resume: bool = False,
+    server_in_process: bool = False,
 ) -> dict[str, Any]:
     """Runs `exp` on its backend, writing outputs to `run_dir` (None: in memory only).
 
     The resolved config is written first; the server then writes the rest. With
     `resume`, `run_dir` is an interrupted run of the same config: it continues from
-    its last checkpoint (and ends with the same model as an uninterrupted run).
+    its last checkpoint (and ends with the same model as an uninterrupted run). With
+    `server_in_process` (Ray only; Tune trials), the server runs in this process.
     """
     if resume and run_dir is None:
         raise ValueError("resume needs the run directory")
@@ -473,7 +451,7 @@ def run_experiment(
     if exp.config.runtime.backend == "ray":
         from raydpfl.backends.ray.runner import run_on_ray  # Ray is imported only here
 
-        summary = run_on_ray(exp, run_dir, on_round, resume=resume)
+        summary = run_on_ray(exp, run_dir, on_round, resume, server_in_process)
     else:
         writer = RunWriter(run_dir) if run_dir is not None else None
         server = make_server(exp, writer, on_round, resume=resume)
@@ -504,31 +482,6 @@ def check_resume(run_dir: Path, config: Config) -> None:
     except FileNotFoundError as e:
         raise ResumeError(str(e)) from None
     check_resume_config(load_config(run_dir / "config.yaml"), config)
-
-
-def noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, bool]:
-    """σ from the config, or calibrated so that `max_steps` steps spend at most ε."""
-    if privacy.noise_multiplier is not None:
-        return privacy.noise_multiplier, False
-    try:
-        sigma = noise_multiplier_for(
-            privacy.epsilon, privacy.delta, privacy.sampling_rate, max_steps, privacy.accountant
-        )
-    except ValueError as e:
-        raise ConfigError(
-            "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
-        ) from None
-    return sigma, True
-
-
-def check_delta(delta: float, sizes: np.ndarray) -> None:
-    largest = int(sizes.max())
-    if delta >= 1.0 / largest:
-        raise ConfigError(
-            "experiment.privacy.delta",
-            f"must be < 1/|D_i| = {1.0 / largest:.3g} for the largest client ({largest} records); "
-            f"got {delta}",
-        )
 
 
 def _server_device(backend: str, device: str) -> str:

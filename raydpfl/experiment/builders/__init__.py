@@ -1,6 +1,6 @@
 """Per-paper builders: config section → algorithm, ledger and privacy metadata.
 
-`raydpfl.simulation.build` dispatches on `experiment.algorithm.name`: each module here
+`raydpfl.experiment.build` dispatches on `experiment.algorithm.name`: each module here
 serves the names its config section (`raydpfl.config.<paper>.NAMES`) declares, with
 
     build(config, dataset, model) -> (algorithm, ledger or None, privacy metadata)

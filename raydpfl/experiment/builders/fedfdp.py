@@ -45,10 +45,10 @@ from raydpfl.algorithms.fedfdp_theory import (
 from raydpfl.config.fedfdp import PRIVATE_NAMES
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
+from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.calibration import largest_feasible_steps
 from raydpfl.privacy.ledger import PrivacyLedger
-from raydpfl.simulation.build import check_delta, privacy_metadata
 
 #: Private algorithms that also release a loss each round (a second mechanism).
 LOSS_RELEASING = ("fedfdp", "dp_qffl")

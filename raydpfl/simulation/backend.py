@@ -1,4 +1,5 @@
-"""The backend contract: where client tasks run, never what they compute.
+"""The backend contract (beside the server that calls it): where client tasks run, never
+what they compute.
 
 A backend runs a round's tasks and returns the results in the order of the tasks,
 whatever order they finished in, and evaluates parameters on clients' held-out data.

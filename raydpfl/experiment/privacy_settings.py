@@ -1,0 +1,67 @@
+"""What a run's ε means and the config-level privacy settings every builder shares.
+
+The generic calibration (σ for a target ε under an accountant) lives in
+`raydpfl.privacy.calibration`; this module turns a `PrivacyConfig` into its arguments and
+into the privacy statement of summary.json.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from raydpfl.config.schema import ConfigError, PrivacyConfig
+from raydpfl.privacy.accountants import describe_accountant
+from raydpfl.privacy.calibration import noise_multiplier_for
+
+#: What a reported ε means; copied into every private run's summary.json.
+PRIVACY_STATEMENT = {
+    "unit": "record: one training example of one client (per-client record-level DP)",
+    "adjacency": "add or remove one training record of the client",
+    "mechanism": "Poisson-subsampled Gaussian (DP-SGD), composed over every local step "
+    "the client ran",
+    "sampling": "Poisson sampling of each client's records in every DP-SGD step; cohorts are "
+    "drawn uniformly without replacement and treated as public: no amplification from client "
+    "sampling is claimed and a client is charged only for the rounds it trains in",
+    "covers": "every model the client released in every round (charged before dispatch)",
+    "noise_source": "research mode: seeded PyTorch PRNG (reproducible; not floating-point secure)",
+    "tuning": "not included: epsilon is per run, excluding any hyperparameter search",
+}
+
+
+def privacy_metadata(privacy: PrivacyConfig) -> dict[str, Any]:
+    """The privacy statement and the run's privacy settings (summary.json)."""
+    return {
+        **PRIVACY_STATEMENT,
+        "accountant": describe_accountant(privacy.accountant),
+        "epsilon_budget": privacy.epsilon,
+        "delta": privacy.delta,
+        "sampling_rate": privacy.sampling_rate,
+        "clip_norm": privacy.clip_norm,
+    }
+
+
+def noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, bool]:
+    """σ from the config, or calibrated so that `max_steps` steps spend at most ε."""
+    if privacy.noise_multiplier is not None:
+        return privacy.noise_multiplier, False
+    try:
+        sigma = noise_multiplier_for(
+            privacy.epsilon, privacy.delta, privacy.sampling_rate, max_steps, privacy.accountant
+        )
+    except ValueError as e:
+        raise ConfigError(
+            "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
+        ) from None
+    return sigma, True
+
+
+def check_delta(delta: float, sizes: np.ndarray) -> None:
+    largest = int(sizes.max())
+    if delta >= 1.0 / largest:
+        raise ConfigError(
+            "experiment.privacy.delta",
+            f"must be < 1/|D_i| = {1.0 / largest:.3g} for the largest client ({largest} records); "
+            f"got {delta}",
+        )
