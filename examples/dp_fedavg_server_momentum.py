@@ -1,10 +1,12 @@
-"""A new DP algorithm and a new model, written outside raydpfl and run from Python.
+"""A new DP algorithm and a new model, written outside raydpfl, registered and run.
 
 DP-FedAvg with server momentum (FedAvgM, Hsu et al. 2019, on DP-FedAvg's clients): each
 round the server keeps a velocity v ← β·v + Δ̄ of the averaged client update Δ̄ and moves
 the global model by η_s·v. The clients run raydpfl's record-level DP-SGD unchanged, so
 each client's privacy cost is DP-FedAvg's; the momentum only post-processes the noised
-updates and costs no privacy.
+updates and costs no privacy. Both are registered by name, so a config (or YAML, after
+importing this file) names them like built-ins: `algorithm.name: dp_fedavg_server_momentum`
+with `algorithm.options: {momentum: 0.5}`, and `model.name: small_cnn`.
 
 Run it (digits from scikit-learn, no download):
     python examples/dp_fedavg_server_momentum.py            # in-process, then Ray (2 workers)
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,10 +28,16 @@ from raydpfl.algorithms import DPFedAvg, WeightedUpdateSum
 from raydpfl.algorithms.base import ClientTask, Params
 
 
+@raydpfl.register_model("small_cnn")
+def small_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The registered factory: (input shape, classes) → a fresh model."""
+    return SmallCNN(num_classes)
+
+
 class SmallCNN(nn.Module):
     """A small convolutional net for 8×8 digits (no BatchNorm: it would mix samples)."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(1, 8, kernel_size=3, padding=1),
@@ -36,21 +45,36 @@ class SmallCNN(nn.Module):
             nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.head = nn.Linear(8 * 4 * 4, 10)
+        self.head = nn.Linear(8 * 4 * 4, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x.reshape(-1, 1, 8, 8)).flatten(1))
 
 
+@dataclass(frozen=True)
+class MomentumOptions:
+    """`algorithm.options`: the server's momentum β and step size η_s."""
+
+    momentum: float = 0.9
+    server_lr: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise raydpfl.ConfigError("momentum", f"must be in [0, 1), got {self.momentum}")
+
+
+@raydpfl.register_algorithm("dp_fedavg_server_momentum", options=MomentumOptions)
 class DPFedAvgServerMomentum(DPFedAvg):
-    """DP-FedAvg whose server applies momentum to the averaged (noised) client update."""
+    """DP-FedAvg whose server applies momentum to the averaged (noised) client update.
+
+    Built from the config: `momentum`, `server_lr` from `algorithm.options`; DP-FedAvg's
+    arguments from `algorithm` (clients_per_round, local_steps, lr) and `privacy`.
+    """
 
     name = "dp_fedavg_server_momentum"
 
-    def __init__(self, *, server_lr: float = 1.0, momentum: float = 0.9, **dp_fedavg) -> None:
+    def __init__(self, *, momentum: float, server_lr: float, **dp_fedavg) -> None:
         super().__init__(**dp_fedavg)
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.server_lr, self.momentum = server_lr, momentum
         self.velocity: Params | None = None
 
@@ -79,31 +103,25 @@ CONFIG = {
     "experiment": {
         "name": "dp-fedavg-momentum",
         "data": {"dataset": "digits", "num_clients": 10, "partition": {"kind": "iid"}},
-        "algorithm": {"rounds": 8, "clients_per_round": 5, "eval_every": 4},
+        "model": {"name": "small_cnn"},
+        "algorithm": {
+            "name": "dp_fedavg_server_momentum",
+            "options": {"momentum": 0.5},
+            "rounds": 8,
+            "clients_per_round": 5,
+            "local_steps": 5,
+            "lr": 0.5,
+            "eval_every": 4,
+        },
         "privacy": {"epsilon": 8.0, "delta": 1e-4, "clip_norm": 1.0, "sampling_rate": 0.2},
     },
-    "runtime": {"seed": 0, "progress": False, "checkpoint_every": 4},
+    "runtime": {"seed": 0, "progress": False, "checkpoint_every": 4, "workers": 2},
 }
 
 
 def run(backend: str) -> raydpfl.SimulationResult:
     """One run on `backend` (`local`, or `ray` with two workers)."""
-    algorithm = DPFedAvgServerMomentum(
-        clients_per_round=5,
-        local_steps=5,
-        lr=0.5,
-        clip_norm=1.0,
-        noise_multiplier=1.0,
-        sampling_rate=0.2,
-        server_lr=1.0,
-        momentum=0.5,
-    )
-    return raydpfl.run_simulation(
-        CONFIG,
-        overrides=[f"runtime.backend={backend}", "runtime.workers=2"],
-        model=SmallCNN,
-        algorithm=algorithm,
-    )
+    return raydpfl.run_simulation(CONFIG, overrides=[f"runtime.backend={backend}"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

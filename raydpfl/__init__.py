@@ -5,7 +5,9 @@ From Python (see README "Use it from Python" and docs/architecture.md):
     import raydpfl
     result = raydpfl.run_simulation("configs/quickstart.yaml", model=MyNet, algorithm=...)
 
-`run_simulation`, `SimulationResult`, `Config` and `load_config` are loaded on first use,
+A new algorithm, model or dataset is registered by name (`register_algorithm`,
+`register_model`, `register_dataset`; see `raydpfl.registry`) and then named in a config
+like a built-in. These names are loaded on first use,
 so importing the package stays cheap and never imports Ray. The command line
 (`raydpfl run CONFIG`) is a thin user of the same functions.
 """
@@ -24,6 +26,9 @@ _EXPORTS = {
     "Config": "raydpfl.config",
     "ConfigError": "raydpfl.config",
     "load_config": "raydpfl.config",
+    "register_algorithm": "raydpfl.registry",
+    "register_model": "raydpfl.registry",
+    "register_dataset": "raydpfl.registry",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -89,17 +89,18 @@ def test_nothing_is_unpickled_from_user_paths():
 #: Each package's layer; a module may import its own package and packages of lower layers
 #: only. Packages on one layer do not import each other.
 LAYERS = {
-    "config": 0,
-    "privacy": 0,
-    "data": 0,
-    "models": 0,
-    "algorithms": 1,
-    "simulation": 2,
-    "backends": 3,
-    "experiment": 4,
-    "tune": 5,
-    "report": 5,
-    "cli": 6,
+    "registry": 0,
+    "config": 1,
+    "privacy": 1,
+    "data": 1,
+    "models": 1,
+    "algorithms": 2,
+    "simulation": 3,
+    "backends": 4,
+    "experiment": 5,
+    "tune": 6,
+    "report": 6,
+    "cli": 7,
 }
 
 

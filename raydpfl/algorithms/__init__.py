@@ -36,40 +36,7 @@ from raydpfl.algorithms.rc_dpfl_baselines import (
     OracleCDPFL,
 )
 
-#: Algorithm classes by `name` (what `experiment.algorithm.name` selects). DPFL-BCS's
-#: (`DpflBcs`, `BcsFedSgd`) are left out: one class serves several names, configured by
-#: its builder (`raydpfl.experiment.builders.dpfl_bcs`).
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls
-    for cls in (
-        FedAvg,
-        DPFedAvg,
-        AliDpfl,
-        DPFedAvgFixedTau,
-        PeDpfl,
-        AdapDpFl,
-        FedFair,
-        FedFDP,
-        FedProx,
-        DPFedProx,
-        Scaffold,
-        DPScaffold,
-        FedDyn,
-        DPFedDyn,
-        QFFL,
-        DPQFFL,
-        RcDpfl,
-        ClusteredDPFedAvg,
-        KMeansCDPFL,
-        IfcaCDPFL,
-        OracleCDPFL,
-        LocalDPSGD,
-        MrMtl,
-    )
-}
-
 __all__ = [
-    "ALGORITHMS",
     "DPQFFL",
     "QFFL",
     "AdapDpFl",

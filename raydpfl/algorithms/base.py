@@ -360,6 +360,23 @@ class Algorithm(abc.ABC):
     ) -> ClientResult:
         """Trains from `params` (modified in place) on `data` and returns the update."""
 
+    def supports_group(self, tasks: Sequence[ClientTask]) -> bool:
+        """Whether `local_update_group_sum` can train `tasks` together, vectorised over
+        clients (`raydpfl.privacy.multi_client`). The default, False, trains one client
+        at a time; an algorithm that overrides it must give the same results up to float
+        rounding, with the same RNG streams and draws."""
+        return False
+
+    def local_update_group_sum(
+        self,
+        ctxs: Sequence[ClientContext],
+        params: Params,
+        datas: Sequence[ClientData],
+        tasks: Sequence[ClientTask],
+    ) -> WeightedUpdateSum:
+        """The group's Σ w_k Δ_k trained at once (only called when `supports_group`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not train groups vectorised")
+
 
 def uniform_cohort(num_clients: int, cohort_size: int, rng: np.random.Generator) -> list[int]:
     """`cohort_size` distinct clients drawn uniformly without replacement, sorted.

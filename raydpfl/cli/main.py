@@ -109,6 +109,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a simulation from a YAML config")
     run.add_argument("config", nargs="?", help="path to the YAML config")
     _add_set(run)
+    _add_plugin(run)
     run.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -127,6 +128,7 @@ def _build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a config and print it resolved")
     val.add_argument("config")
     _add_set(val)
+    _add_plugin(val)
     val.set_defaults(handler=_cmd_validate)
 
     priv = sub.add_parser(
@@ -208,6 +210,41 @@ def _add_set(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_plugin(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import a module (my_pkg.algos) or a .py file first, so that the algorithms, "
+        "models and datasets it registers can be named in the config (repeatable; "
+        "installed packages register through entry points without it)",
+    )
+
+
+def _import_plugins(plugins: Sequence[str]) -> None:
+    """Imports each plugin module or file (their `raydpfl.register_*` calls run)."""
+    import importlib
+    import importlib.util
+
+    for plugin in plugins:
+        path = Path(plugin)
+        try:
+            if plugin.endswith(".py"):
+                if not path.is_file():
+                    raise ConfigError("--plugin", f"no such file {plugin!r}")
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[path.stem] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(plugin)
+        except ImportError as e:
+            raise ConfigError("--plugin", f"cannot import {plugin!r}: {e}") from None
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -271,6 +308,7 @@ def _add_privacy_args(
 def _load(args: argparse.Namespace):
     from raydpfl.config.load import load_config
 
+    _import_plugins(getattr(args, "plugins", ()))
     return load_config(args.config, args.overrides)
 
 
@@ -323,6 +361,7 @@ def _resume(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError("resume", f"{run_dir} is not a run directory (no config.yaml)")
     source = args.config if args.config is not None else run_dir / "config.yaml"
+    _import_plugins(args.plugins)
     config = load_config(source, args.overrides)
     check_resume(run_dir, config)  # before any data is loaded or Ray started
     args.run_dir = run_dir

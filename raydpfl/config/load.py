@@ -152,6 +152,12 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return value
     if dataclasses.is_dataclass(tp):
         return from_mapping(tp, value, path)
+    if origin is dict:  # a free-form mapping (a registered entry's options), checked later
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(path, f"must be a mapping of names to values, got {value!r}")
+        return _deep_copy(dict(value))
     if value is None:
         raise ConfigError(path, f"must be {_type_word(tp)}, got null")
     if tp is bool:

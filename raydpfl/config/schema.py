@@ -9,8 +9,9 @@ built; a violation raises `ConfigError` naming the dotted field and what is allo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from raydpfl import registry
 from raydpfl.config._base import ConfigError, _check
 from raydpfl.config.dpfl_bcs import DATASET_NAMES as BCS_DATASETS
 from raydpfl.config.dpfl_bcs import MODEL_NAMES as BCS_MODELS
@@ -24,10 +25,33 @@ from raydpfl.config.rc_dpfl import ClusterShiftConfig, RcDpflConfig
 
 __all__ = ["ConfigError"]
 
+
+def _check_name(kind: registry.Kind, name: str, builtins: tuple[str, ...], field: str) -> None:
+    """`name` must be built in or registered (`raydpfl.registry`, entry points included)."""
+    if name in builtins or registry.is_registered(kind, name):
+        return
+    extra = [n for n in registry.names(kind) if n not in builtins]
+    allowed = ", ".join((*builtins, *extra))
+    raise ConfigError(field, f"must be one of {allowed}; got {name!r}")
+
+
+def _check_options(kind: str, name: str, options: Any, builtins: tuple[str, ...]) -> None:
+    """`options` configures registered entries; a built-in has its own section instead."""
+    _check(
+        not options or name not in builtins,
+        "options",
+        f"is for registered {kind}s; the built-in {name!r} takes its settings from its "
+        "own keys and section",
+    )
+
+
 _CORE_DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "digits")
-DatasetName = Literal[_CORE_DATASETS + BCS_DATASETS]  # type: ignore[valid-type]
+#: The built-in names (the catalogue a YAML config is checked against without importing
+#: torch); `raydpfl.registry` adds the user's and third-party packages' own.
+BUILTIN_DATASETS: tuple[str, ...] = _CORE_DATASETS + BCS_DATASETS
+DatasetName = Literal[BUILTIN_DATASETS]  # type: ignore[valid-type]
 PartitionKind = Literal["iid", "dirichlet", "dirichlet_capped", "shards"]
-_CORE_ALGORITHMS = (
+CORE_ALGORITHMS = (
     "fedavg",
     "dp_fedavg",
     "ali_dpfl",
@@ -36,11 +60,13 @@ _CORE_ALGORITHMS = (
     "adap_dp_fl",
 )
 # Each paper's section module names its own algorithms (and models, datasets).
-AlgorithmName = Literal[  # type: ignore[valid-type]
-    _CORE_ALGORITHMS + FEDFDP_ALGORITHMS + BCS_ALGORITHMS + RC_ALGORITHMS
-]
+BUILTIN_ALGORITHMS: tuple[str, ...] = (
+    CORE_ALGORITHMS + FEDFDP_ALGORITHMS + BCS_ALGORITHMS + RC_ALGORITHMS
+)
+AlgorithmName = Literal[BUILTIN_ALGORITHMS]  # type: ignore[valid-type]
 _CORE_MODELS = ("fedavg_cnn", "logreg", "mlp")
-ModelName = Literal[_CORE_MODELS + BCS_MODELS + RC_MODELS]  # type: ignore[valid-type]
+BUILTIN_MODELS: tuple[str, ...] = _CORE_MODELS + BCS_MODELS + RC_MODELS
+ModelName = Literal[BUILTIN_MODELS]  # type: ignore[valid-type]
 AccountantName = Literal["rdp", "prv", "dp_rdp", "pld"]
 BackendName = Literal["ray", "local"]
 DeviceName = Literal["cpu", "cuda", "auto"]
@@ -91,7 +117,7 @@ class SyntheticConfig:
 class DataConfig:
     """The federated dataset."""
 
-    dataset: DatasetName = "synthetic"
+    dataset: str = "synthetic"  # a built-in name, or one registered as a dataset
     root: str | None = None  # where dataset files live; default $RAYDPFL_DATA or ~/.cache
     num_clients: int = 100
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -104,8 +130,12 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     cluster_shift: ClusterShiftConfig = field(default_factory=ClusterShiftConfig)
     seed: int | None = None  # partition seed; null = derived from runtime.seed
+    # Options of a registered dataset (its options dataclass's fields); built-ins: empty.
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_name("dataset", self.dataset, BUILTIN_DATASETS, "dataset")
+        _check_options("dataset", self.dataset, self.options, BUILTIN_DATASETS)
         _check(self.num_clients >= 1, "num_clients", f"must be >= 1, got {self.num_clients}")
         _check(
             0.0 <= self.client_test_fraction < 1.0,
@@ -124,10 +154,14 @@ class DataConfig:
 class ModelConfig:
     """The model architecture (see `raydpfl.models`)."""
 
-    name: ModelName = "fedavg_cnn"
+    name: str = "fedavg_cnn"  # a built-in name, or one registered as a model
     hidden: int = 200  # mlp only
+    # Options of a registered model (its options dataclass's fields); built-ins: empty.
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_name("model", self.name, BUILTIN_MODELS, "name")
+        _check_options("model", self.name, self.options, BUILTIN_MODELS)
         _check(self.hidden >= 1, "hidden", "must be >= 1")
 
 
@@ -215,7 +249,7 @@ class AdapDpFlConfig:
 class AlgorithmConfig:
     """The federated algorithm and its round schedule."""
 
-    name: AlgorithmName = "dp_fedavg"
+    name: str = "dp_fedavg"  # a built-in name, or one registered as an algorithm
     rounds: int = 20  # ali_dpfl and dp_fedavg_fixed_tau: R_s, the most rounds
     clients_per_round: int = 10
     local_steps: int = 5  # τ
@@ -230,8 +264,12 @@ class AlgorithmConfig:
     fedfdp: FedFdpConfig = field(default_factory=FedFdpConfig)
     dpfl_bcs: DpflBcsConfig = field(default_factory=DpflBcsConfig)
     rc_dpfl: RcDpflConfig = field(default_factory=RcDpflConfig)
+    # Options of a registered algorithm (its options dataclass's fields); built-ins: empty.
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_name("algorithm", self.name, BUILTIN_ALGORITHMS, "name")
+        _check_options("algorithm", self.name, self.options, BUILTIN_ALGORITHMS)
         _check(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         _check(self.clients_per_round >= 1, "clients_per_round", "must be >= 1")
         _check(self.local_steps >= 1, "local_steps", f"must be >= 1, got {self.local_steps}")

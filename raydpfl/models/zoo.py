@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from raydpfl import registry
 from raydpfl.models.layers import MaxPool2d
 
 
@@ -76,20 +77,21 @@ class MLP(nn.Module):
 
 ModelFactory = Callable[..., nn.Module]
 
-_REGISTRY: dict[str, ModelFactory] = {
-    "fedavg_cnn": FedAvgCNN,
-    "logreg": LogisticRegression,
-    "mlp": MLP,
-}
-
-MODELS: tuple[str, ...] = tuple(_REGISTRY)
+#: The core zoo (the papers' modules register theirs when `raydpfl.models` is imported).
+MODELS: tuple[str, ...] = ("fedavg_cnn", "logreg", "mlp")
 
 
 def register_model(name: str, factory: ModelFactory) -> None:
-    """Adds a model factory ``factory(input_shape, num_classes, **options)`` to the zoo."""
-    if name in _REGISTRY:
-        raise ValueError(f"model {name!r} is already registered")
-    _REGISTRY[name] = factory
+    """Adds a built-in model ``factory(input_shape, num_classes, **options)`` to the one
+    registry (`raydpfl.registry`; a user's models use `raydpfl.register_model`)."""
+    try:
+        registry.register("model", name, factory, builtin=True)
+    except registry.RegistryError as e:
+        raise ValueError(str(e)) from None
+
+
+for _name, _factory in zip(MODELS, (FedAvgCNN, LogisticRegression, MLP), strict=True):
+    register_model(_name, _factory)
 
 
 def build_model(
@@ -100,9 +102,10 @@ def build_model(
     Raises:
         ValueError: Unknown name, or a layer that mixes examples (BatchNorm).
     """
-    if name not in _REGISTRY:
-        raise ValueError(f"model.name: unknown model {name!r}; allowed: {', '.join(_REGISTRY)}")
-    model = _REGISTRY[name](tuple(input_shape), num_classes, **options)
+    if not registry.is_registered("model", name):
+        allowed = ", ".join(registry.names("model"))
+        raise ValueError(f"model.name: unknown model {name!r}; allowed: {allowed}")
+    model = registry.get("model", name).load()(tuple(input_shape), num_classes, **options)
     assert_dp_compatible(model)
     return model
 

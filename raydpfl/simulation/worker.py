@@ -27,7 +27,7 @@ from raydpfl.algorithms.base import (
 )
 from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.models import build_model
+from raydpfl.models import assert_dp_compatible, build_model
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.engines import make_engine
 from raydpfl.simulation.evaluation import EvalResult, evaluate, evaluation_params
@@ -62,6 +62,7 @@ class ModelSpec:
                 f"model: the factory {self.name!r} must return a torch.nn.Module, "
                 f"got {type(model).__name__}"
             )
+        assert_dp_compatible(model)  # e.g. no BatchNorm: it mixes a batch's records
         return model
 
 
@@ -212,8 +213,9 @@ class ClientWorker:
 
     def _vectorise(self, group: Sequence[ClientTask]) -> bool:
         """Whether to train `group` vectorised over clients (see `multi_client`)."""
-        supports = getattr(self.algorithm, "supports_group", None)
-        if self.vectorise == "off" or supports is None or len(group) < 2 or not supports(group):
+        if self.vectorise == "off" or len(group) < 2:
+            return False
+        if not self.algorithm.supports_group(group):
             return False
         return self.vectorise == "on" or multi_client.pays_off(self.model, self.device)
 

@@ -5,5 +5,25 @@ serves the names its config section (`raydpfl.config.<paper>.NAMES`) declares, w
 
     build(config, dataset, model) -> (algorithm, ledger or None, privacy metadata)
 
-so that adding a paper touches its own modules, not the core builder.
+so that adding a paper touches its own modules, not the core builder. Every name is
+registered in `raydpfl.registry` (``builtin=True``), the one table `build` dispatches on;
+a user's algorithm registers there too (`raydpfl.experiment.plugins` builds it).
 """
+
+from raydpfl import registry
+from raydpfl.config import dpfl_bcs, fedfdp, rc_dpfl
+from raydpfl.config.schema import CORE_ALGORITHMS
+
+#: Builder module of each built-in algorithm name (registered as ``"module:build"``).
+_BUILDERS = {
+    "core": CORE_ALGORITHMS,
+    "fedfdp": fedfdp.NAMES,
+    "dpfl_bcs": dpfl_bcs.NAMES,
+    "rc_dpfl": rc_dpfl.NAMES,
+}
+
+for _module, _names in _BUILDERS.items():
+    for _name in _names:
+        registry.register(
+            "algorithm", _name, f"raydpfl.experiment.builders.{_module}:build", builtin=True
+        )

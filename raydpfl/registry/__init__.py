@@ -1,0 +1,226 @@
+"""The one registry of algorithms, models and datasets, built in or a user's own.
+
+A new algorithm, model or dataset is one definition and one registration; the config
+validates names and options against this registry, and `raydpfl run` or
+`raydpfl.run_simulation` then build it like a built-in:
+
+    import raydpfl
+
+    @raydpfl.register_model("tiny_mlp")
+    def tiny_mlp(input_shape, num_classes, hidden: int = 32):
+        ...  # returns a torch.nn.Module
+
+    @raydpfl.register_algorithm("dp_fedavg_momentum", options=MomentumOptions)
+    class DPFedAvgMomentum(DPFedAvg):
+        ...
+
+    raydpfl.run_simulation({"experiment": {"algorithm": {"name": "dp_fedavg_momentum",
+        "options": {"momentum": 0.9}}, "model": {"name": "tiny_mlp"}}})
+
+What each kind's target is:
+- **algorithm**: an `Algorithm` subclass, built with the keyword arguments its
+  constructor names, taken from the options dataclass, ``experiment.algorithm`` and
+  ``experiment.privacy`` (σ calibrated to the budget when ``noise_multiplier`` is null);
+  or a function ``build(context) -> Algorithm`` (`raydpfl.experiment.plugins`).
+- **model**: ``factory(input_shape, num_classes, **options) -> torch.nn.Module``.
+- **dataset**: ``load(root, **options) -> raydpfl.data.ArrayDataset``, partitioned over
+  clients like the built-in datasets.
+
+Third-party packages register through the entry-point groups in `ENTRY_POINT_GROUPS`
+(``[project.entry-points."raydpfl.algorithms"] my_algo = "my_pkg.algo:MyAlgo"``): the
+name is known at once, the object is imported when it is first built.
+
+This module imports nothing from raydpfl, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["algorithm", "model", "dataset"]
+KINDS: tuple[Kind, ...] = ("algorithm", "model", "dataset")
+#: The entry-point group each kind is discovered in.
+ENTRY_POINT_GROUPS: dict[Kind, str] = {
+    "algorithm": "raydpfl.algorithms",
+    "model": "raydpfl.models",
+    "dataset": "raydpfl.datasets",
+}
+
+__all__ = [
+    "ENTRY_POINT_GROUPS",
+    "KINDS",
+    "Entry",
+    "RegistryError",
+    "get",
+    "is_registered",
+    "names",
+    "register",
+    "register_algorithm",
+    "register_dataset",
+    "register_model",
+    "unregister",
+]
+
+
+class RegistryError(ValueError):
+    """A name registered twice, or an entry that is not what its kind needs."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered algorithm, model or dataset.
+
+    Attributes:
+        kind: ``algorithm``, ``model`` or ``dataset``.
+        name: What a config's ``name`` field (``data.dataset`` for datasets) selects.
+        target: The object (see the module docstring), or ``"module:attr"`` imported on
+            first use (entry points).
+        options: A dataclass whose fields are the entry's options (from the config's
+            ``options`` mapping, validated strictly), or None for no options.
+        builtin: Shipped with raydpfl (built from its own config section, if any).
+    """
+
+    kind: Kind
+    name: str
+    target: Any
+    options: type | None = None
+    builtin: bool = False
+
+    def load(self) -> Any:
+        """The target object, importing a ``"module:attr"`` target."""
+        if isinstance(self.target, str):
+            module, _, attr = self.target.partition(":")
+            obj: Any = importlib.import_module(module)
+            for part in attr.split(".") if attr else []:
+                obj = getattr(obj, part)
+            return obj
+        return self.target
+
+
+_ENTRIES: dict[Kind, dict[str, Entry]] = {kind: {} for kind in KINDS}
+_ENTRY_POINTS_LOADED: set[Kind] = set()
+
+
+def _check_kind(kind: str) -> Kind:
+    if kind not in KINDS:
+        raise RegistryError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return kind  # type: ignore[return-value]
+
+
+def register(
+    kind: Kind,
+    name: str,
+    target: Any,
+    *,
+    options: type | None = None,
+    builtin: bool = False,
+    replace: bool = False,
+) -> Entry:
+    """Registers `target` as `name` of `kind`; returns the entry.
+
+    Raises:
+        RegistryError: `name` is taken (unless `replace`), is not an identifier-like
+            string, or `options` is not a dataclass.
+    """
+    kind = _check_kind(kind)
+    if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
+        raise RegistryError(f"{kind} name must be a word like 'my_algo', got {name!r}")
+    if options is not None and not (
+        isinstance(options, type) and dataclasses.is_dataclass(options)
+    ):
+        raise RegistryError(f"{kind} {name!r}: options must be a dataclass type, got {options!r}")
+    if not isinstance(target, str) and not callable(target):
+        raise RegistryError(f"{kind} {name!r}: the target must be callable, got {target!r}")
+    existing = _ENTRIES[kind].get(name)
+    if existing is not None and not replace and existing.target is not target:
+        raise RegistryError(
+            f"{kind} {name!r} is already registered (to {_describe(existing.target)}); "
+            "pick another name or pass replace=True"
+        )
+    entry = Entry(kind, name, target, options, builtin)
+    _ENTRIES[kind][name] = entry
+    return entry
+
+
+def unregister(kind: Kind, name: str) -> None:
+    """Removes a registration (tests, notebooks re-running a cell)."""
+    _ENTRIES[_check_kind(kind)].pop(name, None)
+
+
+def _decorator(kind: Kind, name: str | None, options: type | None, replace: bool) -> Callable:
+    def wrap(target: Any) -> Any:
+        register(kind, name or target.__name__, target, options=options, replace=replace)
+        return target
+
+    return wrap
+
+
+def register_algorithm(
+    name: str | None = None, *, options: type | None = None, replace: bool = False
+) -> Callable:
+    """Decorator: registers an `Algorithm` subclass (or a builder function) by name."""
+    return _decorator("algorithm", name, options, replace)
+
+
+def register_model(
+    name: str | None = None, *, options: type | None = None, replace: bool = False
+) -> Callable:
+    """Decorator: registers ``factory(input_shape, num_classes, **options) -> nn.Module``."""
+    return _decorator("model", name, options, replace)
+
+
+def register_dataset(
+    name: str | None = None, *, options: type | None = None, replace: bool = False
+) -> Callable:
+    """Decorator: registers ``load(root, **options) -> ArrayDataset`` by name."""
+    return _decorator("dataset", name, options, replace)
+
+
+def _load_entry_points(kind: Kind) -> None:
+    """Registers the entry points of `kind`'s group (once; names only, objects lazily)."""
+    if kind in _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED.add(kind)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUPS[kind]):
+        if ep.name not in _ENTRIES[kind]:
+            _ENTRIES[kind][ep.name] = Entry(kind, ep.name, ep.value)
+
+
+def names(kind: Kind) -> tuple[str, ...]:
+    """Every registered name of `kind` (entry points included), in registration order."""
+    kind = _check_kind(kind)
+    _load_entry_points(kind)
+    return tuple(_ENTRIES[kind])
+
+
+def is_registered(kind: Kind, name: str) -> bool:
+    """Whether `name` is registered as `kind` (entry points included)."""
+    return name in names(kind)
+
+
+def get(kind: Kind, name: str) -> Entry:
+    """The entry of `name`.
+
+    Raises:
+        RegistryError: Not registered (the message lists what is).
+    """
+    kind = _check_kind(kind)
+    _load_entry_points(kind)
+    entry = _ENTRIES[kind].get(name)
+    if entry is None:
+        raise RegistryError(
+            f"unknown {kind} {name!r}; registered: {', '.join(_ENTRIES[kind]) or 'none'}"
+        )
+    return entry
+
+
+def _describe(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', target)}"
