@@ -314,10 +314,16 @@ def _load(args: argparse.Namespace):
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from raydpfl.config.load import dump_config
+    from raydpfl.experiment.build import NOT_CHECKED_BEFORE_LOADING, preflight
 
     config = _load(args)
+    preflight(config)  # the same check `run` makes before loading any data
     sys.stdout.write(dump_config(config))
-    print(f"# ok: {args.config} is valid", file=sys.stderr)
+    print(
+        f"# ok: {args.config} is valid and its dataset files are present "
+        f"(checked when the data is loaded: {NOT_CHECKED_BEFORE_LOADING})",
+        file=sys.stderr,
+    )
     return 0
 
 

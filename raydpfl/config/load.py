@@ -10,7 +10,9 @@ converter accepts numeric strings for float fields so configs behave as people e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -23,6 +25,8 @@ from raydpfl.config.schema import Config, ConfigError
 
 T = TypeVar("T")
 
+#: Largest integer a config takes (int32: counts and sizes become index arrays).
+MAX_INT = 2**31 - 1
 #: Top-level sections of `experiment` that overrides may name without the prefix.
 _EXPERIMENT_KEYS = {f.name for f in dataclasses.fields(Config().experiment)}
 
@@ -34,17 +38,80 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> Config:
         ConfigError: Unreadable file, bad YAML, unknown key, wrong type, bad value.
     """
     p = Path(path)
+    return config_from_dict(read_yaml(p), overrides)
+
+
+#: Most nodes a config may expand to (aliases included): far above any real config,
+#: far below what an alias bomb ("billion laughs") would expand to.
+MAX_NODES = 100_000
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML mapping in `path`, refusing in one line: an unreadable or empty file,
+    bytes that are not UTF-8, invalid YAML, a key given twice in one mapping, and an
+    alias that refers to itself or expands past `MAX_NODES` nodes."""
     try:
-        text = p.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
-        raise ConfigError("", f"cannot read config {str(p)!r}: {e.strerror or e}") from None
+        raise ConfigError("", f"cannot read config {str(path)!r}: {e.strerror or e}") from None
     try:
-        raw = yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            "", f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
+    except ConfigError as e:
+        raise ConfigError(e.field, f"{path}: {e.message}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError("", f"{p}: invalid YAML{where}") from None
-    return config_from_dict(raw if raw is not None else {}, overrides)
+        raise ConfigError("", f"{path}: invalid YAML{where}") from None
+    if raw is None:
+        raise ConfigError("", f"{path} is empty: expected a mapping with keys experiment, runtime")
+    _check_tree(raw, str(path))
+    return raw
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the
+    last one silently, so a typo'd duplicate would win over the intended value)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults` merges, as YAML intends
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError(
+                    "", f"duplicate key {key!r} at line {line} (first at line {seen[key]})"
+                )
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_tree(raw: Any, where: str) -> None:
+    """Refuses a structure that contains itself (a recursive alias) or that expands to
+    more than `MAX_NODES` nodes once aliases are followed."""
+    count = 0
+    stack: list[tuple[Any, frozenset[int]]] = [(raw, frozenset())]
+    while stack:
+        node, ancestors = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ConfigError(
+                "", f"{where}: expands to more than {MAX_NODES} values (an alias bomb?)"
+            )
+        if isinstance(node, (dict, list)):
+            if id(node) in ancestors:
+                raise ConfigError("", f"{where}: a YAML alias refers to itself (recursive)")
+            inner = ancestors | {id(node)}
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, inner) for child in children)
 
 
 def config_from_dict(raw: Any, overrides: Iterable[str] = ()) -> Config:
@@ -165,20 +232,25 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             return value
         raise ConfigError(path, f"must be true or false, got {value!r}")
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
         if isinstance(value, float) and value.is_integer():
-            return int(value)
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > MAX_INT:
+                raise ConfigError(path, f"must be at most {MAX_INT} in size, got {value}")
+            return value
         raise ConfigError(path, f"must be an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(path, f"must be a number, got {value!r}")
+            number = float(value)
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is None:
+            raise ConfigError(path, f"must be a number, got {value!r}")
+        if not math.isfinite(number):
+            raise ConfigError(path, f"must be a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

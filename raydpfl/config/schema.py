@@ -25,6 +25,9 @@ from raydpfl.config.rc_dpfl import ClusterShiftConfig, RcDpflConfig
 
 __all__ = ["ConfigError"]
 
+#: The most clients one run may register (each costs index arrays and a ledger entry).
+MAX_CLIENTS = 10_000_000
+
 
 def _check_name(kind: registry.Kind, name: str, builtins: tuple[str, ...], field: str) -> None:
     """`name` must be built in or registered (`raydpfl.registry`, entry points included)."""
@@ -137,6 +140,11 @@ class DataConfig:
         _check_name("dataset", self.dataset, BUILTIN_DATASETS, "dataset")
         _check_options("dataset", self.dataset, self.options, BUILTIN_DATASETS)
         _check(self.num_clients >= 1, "num_clients", f"must be >= 1, got {self.num_clients}")
+        _check(
+            self.num_clients <= MAX_CLIENTS,
+            "num_clients",
+            f"must be <= {MAX_CLIENTS:,} (one machine's worth), got {self.num_clients:,}",
+        )
         _check(
             0.0 <= self.client_test_fraction < 1.0,
             "client_test_fraction",

@@ -13,17 +13,19 @@ from typing import Any
 
 import torch
 
+from raydpfl import registry
 from raydpfl.algorithms import Algorithm
 from raydpfl.backends.local import LocalBackend
 from raydpfl.config.load import dump_config, load_config
 from raydpfl.config.resume import check_resume_config
 from raydpfl.config.schema import BUILTIN_DATASETS, Config, ConfigError, DataConfig
-from raydpfl.data.datasets import load_dataset
+from raydpfl.data.datasets import find_dataset_files, load_dataset
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
 from raydpfl.experiment.plugins import (
     build_registered_algorithm,
     ledger_for,
     load_registered_dataset,
+    parse_options,
     registered_model_factory,
 )
 from raydpfl.simulation.backend import Backend, worker_threads
@@ -61,6 +63,7 @@ def build_experiment(
     """
     exp, rt = config.experiment, config.runtime
     _check_user_objects(dataset, model, algorithm)
+    preflight(config, dataset_given=dataset is not None)
     if rt.threads is not None:
         torch.set_num_threads(rt.threads)
     # The server evaluates on this process's device; Ray workers resolve their own.
@@ -137,6 +140,37 @@ def build_experiment(
         metadata=metadata,
         extra_unaccounted=extra,
     )
+
+
+#: What `preflight` cannot check without loading the data (`raydpfl validate` says so).
+NOT_CHECKED_BEFORE_LOADING = (
+    "delta < 1/|D_i| of the largest client, that the partition gives every client records, "
+    "and the model on the data's shapes"
+)
+
+
+def preflight(config: Config, dataset_given: bool = False) -> None:
+    """What can be checked before any data is loaded, shared by `raydpfl validate`,
+    `raydpfl run` and `run_simulation`: the dataset's files are on disk (built-ins) and a
+    registered algorithm's, model's or dataset's options parse.
+
+    Raises:
+        DatasetNotFoundError: The dataset's files are missing (the message says how to
+            get them).
+        ConfigError: A registered entry's options are invalid (the key is named).
+    """
+    data = config.experiment.data
+    if not dataset_given and data.dataset in BUILTIN_DATASETS and data.dataset != "synthetic":
+        find_dataset_files(data.dataset, data.root)
+    exp = config.experiment
+    checks = (
+        ("algorithm", exp.algorithm.name, exp.algorithm.options, "experiment.algorithm.options"),
+        ("model", exp.model.name, exp.model.options, "experiment.model.options"),
+        ("dataset", data.dataset, data.options, "experiment.data.options"),
+    )
+    for kind, name, options, field_name in checks:
+        if registry.is_registered(kind, name) and not registry.get(kind, name).builtin:
+            parse_options(registry.get(kind, name), options, field_name)
 
 
 def _check_user_objects(dataset: Any, model: Any, algorithm: Any) -> None:

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from raydpfl.config.load import dump_config
+from raydpfl.config.load import dump_config, read_yaml
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.simulation.integrity import has_checkpoint
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
@@ -54,14 +54,7 @@ SUMMARY_FILE = "sweep_summary.json"
 
 def load_sweep_file(path: str | Path, overrides: tuple[str, ...] = ()) -> Sweep:
     """Reads and validates a sweep file."""
-    p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError("", f"cannot read sweep file {str(p)!r}: {e.strerror or e}") from None
-    except yaml.YAMLError:
-        raise ConfigError("", f"{p}: invalid YAML") from None
-    return parse_sweep(raw, overrides)
+    return parse_sweep(read_yaml(Path(path)), overrides)
 
 
 def trial_bundles(config: Config, server_cpus: float) -> list[dict[str, float]]:
