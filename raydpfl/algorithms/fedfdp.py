@@ -82,6 +82,10 @@ class FairClipRule(LossWeightRule):
         self.samples = 0
         self.negative_scale = 0
         self.negative_weight = False
+        # Eq. 13 verbatim can give negative weights (unbounded sensitivity): the config
+        # must opt in (allow_not_dp) and the run lists itself NOT DIFFERENTIALLY PRIVATE,
+        # so the run-time bound check (dpsgd.BoundedWeightRule) stands aside for it only.
+        self.unbounded_by_design = mode == "paper"
         super().__init__(self._weights)
 
     def _weights(self, norms: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:

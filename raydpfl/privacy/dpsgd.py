@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -325,5 +325,56 @@ def _checked_rule(
     if noise_multiplier * clip_norm < 0:
         raise ValueError(f"noise std must be >= 0, got {noise_multiplier * clip_norm}")
     if weight_rule is not None:
-        return weight_rule
+        return BoundedWeightRule(weight_rule, clip_norm)
     return lambda norms: clip_weights(norms, clip_norm)
+
+
+class SensitivityError(ValueError):
+    """A weight rule let one sample contribute more than the clip norm C: the noise was
+    calibrated (and the ledger charged) for sensitivity C, so the step is refused."""
+
+
+class BoundedWeightRule:
+    """A caller's weight rule, checked at every step against the bound the accountant
+    assumes: each contribution ‖a_i g_i‖ = |a_i|·‖g_i‖ finite and ≤ C.
+
+    The built-in clipping rule keeps this by construction; a rule from an algorithm (e.g.
+    FedFDP's fair clipping, or a registered algorithm's own) is checked here, where the
+    norms and weights are already computed: a handful of vector operations per step
+    against the per-sample gradients' cost.
+    """
+
+    #: Relative float slack on C (the rules compute min(1, C/‖g‖) in float32).
+    TOLERANCE = 1e-5
+
+    def __init__(self, rule: WeightRule, clip_norm: float) -> None:
+        self.rule = rule
+        self.clip_norm = float(clip_norm)
+        self.needs_losses = needs_losses(rule)
+
+    def __call__(self, norms: torch.Tensor, losses: torch.Tensor | None = None) -> torch.Tensor:
+        rule: Any = self.rule
+        weights = rule(norms, losses) if self.needs_losses else rule(norms)
+        self.check(weights, norms)
+        return weights
+
+    def check(self, weights: torch.Tensor, norms: torch.Tensor) -> None:
+        """Raises `SensitivityError` if any sample's contribution breaks the bound.
+
+        A rule with ``unbounded_by_design = True`` is not checked: it belongs to a run that
+        opted out of DP explicitly and says so in its `unaccounted_releases` (FedFDP's
+        ``clip_mode: paper``, reproduced as published).
+        """
+        if weights.numel() == 0 or getattr(self.rule, "unbounded_by_design", False):
+            return
+        contribution = weights.abs() * norms  # ‖a_i g_i‖, whatever a_i's sign
+        limit = self.clip_norm * (1.0 + self.TOLERANCE)
+        bad = ~torch.isfinite(contribution) | (contribution > limit)
+        if bool(bad.any()):
+            worst = float(contribution.nan_to_num(nan=float("inf")).max())
+            name = getattr(self.rule, "__qualname__", type(self.rule).__name__)
+            raise SensitivityError(
+                f"weight rule {name}: a sample contributes ‖a_i g_i‖ = {worst:.6g}, above "
+                f"the clip norm C = {self.clip_norm:g} that the noise and the ledger assume; "
+                "the step is refused"
+            )

@@ -10,11 +10,14 @@ writes into the output directory
     epsilon.png           ε spent (largest and mean over clients) per round
     client_accuracy.png   per-client accuracy at the last evaluated round
     fairness.png          accuracy spread, worst client, worst 10%, Ψ per round
-    round_metrics.png     algorithm-specific columns (τ, μ, σ, λ, ...) per round
+    round_metrics.png     algorithm-specific columns (τ, μ, σ, λ, ...) per round; the
+                          fairness columns (fair_*) are fairness.png's alone
     best_accuracy.png     best and final accuracy per run / sweep trial
     sweep_params.png      best accuracy against the hyperparameters that vary
 
-(a figure with nothing to show is not drawn; report.md says why). A directory with no
+(a figure with nothing to show is not drawn; report.md says why). Sweep trials are named
+by their swept values (`lr=0.05, clip=1`), and axes by human names with units
+(`raydpfl.report.labels`). A directory with no
 summary.json or rounds.parquet of its own but with run directories below it is a sweep:
 all its trials are reported, ranked by best accuracy. matplotlib is imported only when a
 report is drawn, so importing this package stays light.
@@ -22,13 +25,22 @@ report is drawn, so importing this package stays light.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raydpfl.report.runs import ReportError, Run, collect_runs, is_run_dir, load_run
 
-__all__ = ["Report", "ReportError", "Run", "build_report", "collect_runs", "load_run"]
+__all__ = [
+    "Report",
+    "ReportError",
+    "Run",
+    "build_report",
+    "collect_runs",
+    "draw_figures",
+    "load_run",
+]
 
 REPORT_FILE = "report.md"
 
@@ -88,83 +100,23 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
         ReportError: An input is not a run or sweep directory or cannot be read, or the
             output directory cannot be used.
     """
-    runs, notes = collect_runs(paths)
+    runs, notes = _collect_ranked(paths)
     notes = [*notes, *_sweep_notes(paths)]
     out_dir = Path(out) if out is not None else default_out_dir(paths)
     for run in runs:
         if out_dir.resolve() == run.path.resolve():
             raise ReportError(f"output directory {str(out_dir)!r} is a run directory")
-    if any(r.sweep is not None for r in runs):
-        # Trials ranked by best accuracy (stable, so ties keep their path order).
-        runs.sort(key=lambda r: -(r.best_accuracy if r.best_accuracy is not None else -1.0))
     _prepare_out_dir(out_dir)
 
     from raydpfl.report import plots
-    from raydpfl.report.runs import varying_config_keys
     from raydpfl.report.summary import Figure, render_markdown
 
-    styles = plots.styles_for(runs)
-    varying = varying_config_keys(runs)
-    panels, constants = plots.round_metric_panels(runs)
-    no_clients = "no run has per-client rows in clients.parquet"
-    figures = [
-        Figure(
-            "Test accuracy per round",
-            "accuracy.png",
-            plots.plot_accuracy(runs, styles, out_dir),
-            "no evaluated round",
-        ),
-        Figure(
-            "Test loss per round",
-            "loss.png",
-            plots.plot_loss(runs, styles, out_dir),
-            "no evaluated round",
-        ),
-        Figure(
-            "Privacy spent per round",
-            "epsilon.png",
-            plots.plot_epsilon(runs, styles, out_dir),
-            "no private run",
-        ),
-        Figure(
-            "Per-client accuracy at the last evaluated round",
-            "client_accuracy.png",
-            plots.plot_client_accuracy(runs, styles, out_dir),
-            no_clients,
-        ),
-        Figure(
-            "Fairness over clients per round",
-            "fairness.png",
-            plots.plot_fairness(runs, styles, out_dir),
-            no_clients,
-        ),
-        Figure(
-            "Algorithm and training metrics per round",
-            "round_metrics.png",
-            plots.plot_round_metrics(runs, styles, out_dir, panels),
-            "no optional rounds.parquet column changes between rounds",
-        ),
-    ]
-    if len(runs) > 1:
-        figures.append(
-            Figure(
-                "Best test accuracy per trial"
-                if all(r.sweep is not None for r in runs)
-                else "Best test accuracy per run",
-                "best_accuracy.png",
-                plots.plot_best_accuracy(runs, styles, out_dir),
-                "fewer than two runs have an evaluated round",
-            )
-        )
-        if any(r.sweep is not None for r in runs):
-            figures.append(
-                Figure(
-                    "Best test accuracy against the swept hyperparameters",
-                    "sweep_params.png",
-                    plots.plot_sweep_params(runs, styles, out_dir, varying),
-                    "no numeric config value differs between the trials",
-                )
-            )
+    plan, panels, constants, varying = _plan_figures(runs)
+    figures = []
+    for planned in plan:  # one figure at a time: drawn, saved, let go
+        fig = planned.draw()
+        path = plots.save_figure(fig, out_dir / planned.filename) if fig is not None else None
+        figures.append(Figure(planned.title, planned.filename, path, planned.why_not))
     if len(panels) > plots.MAX_PANELS:
         cut = ", ".join(f"`{c}`" for p in panels[plots.MAX_PANELS :] for c in p.columns)
         notes = [*notes, f"round_metrics.png shows {plots.MAX_PANELS} panels; not drawn: {cut}"]
@@ -179,6 +131,109 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None) -> 
         figures=[f.path for f in figures if f.path is not None],
         runs=runs,
     )
+
+
+def _collect_ranked(paths: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
+    """`collect_runs`, with sweep trials ranked by best accuracy (stable, so ties keep
+    their path order): a sweep is read best-first, in tables and legends alike."""
+    runs, notes = collect_runs(paths)
+    if any(r.sweep is not None for r in runs):
+        runs.sort(key=lambda r: -(r.best_accuracy if r.best_accuracy is not None else -1.0))
+    return runs, notes
+
+
+@dataclass(frozen=True)
+class _PlannedFigure:
+    """A figure the report would draw: its report.md title, file, drawing and excuse."""
+
+    title: str
+    filename: str
+    draw: Callable[[], Any]  # returns a matplotlib Figure, or None: nothing to draw
+    why_not: str
+
+
+def _plan_figures(runs: Sequence[Run]) -> tuple[list[_PlannedFigure], list, dict, dict]:
+    """Which figures `runs` get, in report order, with what report.md says beside them.
+
+    Returns:
+        (plan, round-metric panels, constant round columns, varying config keys).
+    """
+    from raydpfl.report import plots
+    from raydpfl.report.runs import varying_config_keys
+
+    styles = plots.styles_for(runs)
+    varying = varying_config_keys(runs)
+    panels, constants = plots.round_metric_panels(runs)
+    no_clients = "no run has per-client rows in clients.parquet"
+    plan = [
+        _PlannedFigure(
+            "Test accuracy per round",
+            "accuracy.png",
+            lambda: plots.draw_accuracy(runs, styles),
+            "no evaluated round",
+        ),
+        _PlannedFigure(
+            "Test loss per round",
+            "loss.png",
+            lambda: plots.draw_loss(runs, styles),
+            "no evaluated round",
+        ),
+        _PlannedFigure(
+            "Privacy spent per round",
+            "epsilon.png",
+            lambda: plots.draw_epsilon(runs, styles),
+            "no private run",
+        ),
+        _PlannedFigure(
+            "Per-client accuracy at the last evaluated round",
+            "client_accuracy.png",
+            lambda: plots.draw_client_accuracy(runs, styles),
+            no_clients,
+        ),
+        _PlannedFigure(
+            "Fairness over clients per round",
+            "fairness.png",
+            lambda: plots.draw_fairness(runs, styles),
+            no_clients,
+        ),
+        _PlannedFigure(
+            "Algorithm and training metrics per round",
+            "round_metrics.png",
+            lambda: plots.draw_round_metrics(runs, styles, panels),
+            "no optional rounds.parquet column changes between rounds",
+        ),
+    ]
+    if len(runs) > 1:
+        every_run_a_trial = all(r.sweep is not None for r in runs)
+        plan.append(
+            _PlannedFigure(
+                "Best test accuracy per trial"
+                if every_run_a_trial
+                else "Best test accuracy per run",
+                "best_accuracy.png",
+                lambda: plots.draw_best_accuracy(runs, styles),
+                "fewer than two runs have an evaluated round",
+            )
+        )
+        if any(r.sweep is not None for r in runs):
+            plan.append(
+                _PlannedFigure(
+                    "Best test accuracy against the swept hyperparameters",
+                    "sweep_params.png",
+                    lambda: plots.draw_sweep_params(runs, styles, varying),
+                    "no numeric config value differs between the trials",
+                )
+            )
+    return plan, panels, constants, varying
+
+
+def draw_figures(paths: Sequence[str | Path]) -> dict[str, Any]:
+    """The figures `build_report(paths)` would save, drawn but not written: filename →
+    matplotlib Figure (None where there is nothing to draw). Tests and notebooks read
+    titles, labels, legends and limits off them rather than off pixels."""
+    runs, _notes = _collect_ranked(paths)
+    plan, *_ = _plan_figures(runs)
+    return {planned.filename: planned.draw() for planned in plan}
 
 
 def _sweep_notes(paths: Sequence[str | Path]) -> list[str]:

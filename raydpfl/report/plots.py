@@ -1,9 +1,16 @@
-"""PNG figures of one or more runs (matplotlib, Agg canvas; imported lazily).
+"""Figures of one or more runs (matplotlib, Agg canvas; imported lazily).
 
-Every function takes the loaded runs and their shared `Style`s, writes one PNG into
-`out_dir` and returns its path, or returns None when there is nothing to draw (the
-caller records why). No pyplot: figures are `matplotlib.figure.Figure`s on an Agg
-canvas, so the process-wide matplotlib backend and state are left alone.
+Every `draw_*` function takes the loaded runs and their shared `Style`s and returns a
+`matplotlib.figure.Figure`, or None when there is nothing to draw (the caller records
+why); `save_figure` writes it as a PNG. Drawing and saving are apart so that tests can
+read titles, labels, legends and limits off the figure instead of off pixels. No pyplot:
+figures live on an Agg canvas, so the process-wide matplotlib backend and state are
+left alone.
+
+Each quantity is drawn in one figure only: the per-client fairness metrics are in
+fairness.png (from clients.parquet), so the `fair_*` columns the server also writes to
+rounds.parquet are not drawn again in round_metrics.png. Axes and legends use the human
+names of `raydpfl.report.labels`.
 """
 
 from __future__ import annotations
@@ -17,21 +24,23 @@ from typing import Any
 
 import numpy as np
 
+from raydpfl.report.labels import column_label, param_label, param_title
 from raydpfl.report.runs import Run, fairness_by_round, last_round_accuracies
 
 __all__ = [
     "FIGURE_FILES",
     "RoundPanel",
     "Style",
-    "plot_accuracy",
-    "plot_best_accuracy",
-    "plot_client_accuracy",
-    "plot_epsilon",
-    "plot_fairness",
-    "plot_loss",
-    "plot_round_metrics",
-    "plot_sweep_params",
+    "draw_accuracy",
+    "draw_best_accuracy",
+    "draw_client_accuracy",
+    "draw_epsilon",
+    "draw_fairness",
+    "draw_loss",
+    "draw_round_metrics",
+    "draw_sweep_params",
     "round_metric_panels",
+    "save_figure",
     "styles_for",
 ]
 
@@ -96,18 +105,32 @@ def _figure(width: float, height: float):
     return fig
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """Writes `fig` as a PNG (white background) and returns `path`."""
     fig.savefig(path, dpi=DPI, facecolor="white")
     return path
 
 
-def _style_axes(ax, xlabel: str | None = None, ylabel: str | None = None, title: str = ""):
+def _round_axis(ax, rounds: Sequence[np.ndarray]) -> None:
+    """A round axis: "round" with integer ticks only (there is no round 2.5).
+
+    When every point sits on one round, matplotlib would span ±0.1 around it in
+    fractional ticks; the axis is padded to the rounds either side instead, so the one
+    marker sits in the middle of an integer axis.
+    """
     from matplotlib.ticker import MaxNLocator
 
+    ax.set_xlabel("round", fontsize=11)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    finite = [r[np.isfinite(r)] for r in rounds if len(r)]
+    allr = np.concatenate(finite) if finite else np.empty(0)
+    if allr.size and allr.min() == allr.max():
+        ax.set_xlim(allr[0] - 1, allr[0] + 1)
+
+
+def _style_axes(ax, xlabel: str | None = None, ylabel: str | None = None, title: str = ""):
     if xlabel:
         ax.set_xlabel(xlabel, fontsize=11)
-        if xlabel == "round":
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ylabel:
         ax.set_ylabel(ylabel, fontsize=11)
     if title:
@@ -196,13 +219,11 @@ def _accuracy_limits(ax, values: Sequence[np.ndarray]) -> None:
 def _curve_figure(
     runs: Sequence[Run],
     styles: Sequence[Style],
-    out: Path,
     column: str,
     *,
-    ylabel: str,
     title: str,
     accuracy: bool = False,
-) -> Path | None:
+):
     series = [r.evaluated(column) for r in runs]
     if not any(len(x) for x, _ in series):
         return None
@@ -212,41 +233,36 @@ def _curve_figure(
     for i in order:
         x, y = series[i]
         _lines(ax, x, y, styles[i])
-    _style_axes(ax, "round", ylabel, title)
+    ylabel = column_label(column)
+    _style_axes(ax, None, ylabel, title)
+    _round_axis(ax, [x for x, _ in series])
     if accuracy:
         _accuracy_limits(ax, [y for _, y in series])
     elif _maybe_log(ax, [y for _, y in series]):
         ax.set_ylabel(f"{ylabel} (log scale)", fontsize=11)
     _run_legend(fig, runs, styles)
-    return _save(fig, out)
+    return fig
 
 
-def plot_accuracy(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+def draw_accuracy(runs: Sequence[Run], styles: Sequence[Style]):
     """Central test accuracy at every evaluated round, all runs overlaid."""
     return _curve_figure(
         runs,
         styles,
-        out_dir / "accuracy.png",
         "test_accuracy",
-        ylabel="test accuracy (central test set)",
-        title="Test accuracy of the global model",
+        title="Test accuracy of the global model (central test set)",
         accuracy=True,
     )
 
 
-def plot_loss(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+def draw_loss(runs: Sequence[Run], styles: Sequence[Style]):
     """Central test loss at every evaluated round."""
     return _curve_figure(
-        runs,
-        styles,
-        out_dir / "loss.png",
-        "test_loss",
-        ylabel="test loss (central test set)",
-        title="Test loss of the global model",
+        runs, styles, "test_loss", title="Test loss of the global model (central test set)"
     )
 
 
-def plot_epsilon(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+def draw_epsilon(runs: Sequence[Run], styles: Sequence[Style]):
     """ε spent (largest and mean over clients) per round; non-private runs are left out."""
     from matplotlib.lines import Line2D
 
@@ -262,8 +278,8 @@ def plot_epsilon(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) ->
         _lines(ax, *run.evaluated("epsilon_max"), st)
         _lines(ax, *run.evaluated("epsilon_mean"), st, linestyle="--")
     extra = [
-        (Line2D([], [], color="black", lw=1.8), "ε max over clients"),
-        (Line2D([], [], color="black", lw=1.8, ls="--"), "ε mean over clients"),
+        (Line2D([], [], color="black", lw=1.8), column_label("epsilon_max")),
+        (Line2D([], [], color="black", lw=1.8, ls="--"), column_label("epsilon_mean")),
     ]
     for budget in sorted(budgets):
         ax.axhline(budget, color="0.3", lw=1.2, ls=":")
@@ -290,10 +306,11 @@ def plot_epsilon(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) ->
     title = "Privacy spent per client" + at
     if skipped:
         title += f"\n({skipped} non-private run{'s' if skipped > 1 else ''} not shown)"
-    _style_axes(ax, "round", "ε (record-level, per client)", title)
+    _style_axes(ax, None, "ε spent (record-level, per client)", title)
+    _round_axis(ax, [run.evaluated("epsilon_max")[0] for run in sub_runs])
     ax.set_ylim(bottom=0)
     _run_legend(fig, sub_runs, sub_styles, extra)
-    return _save(fig, out_dir / "epsilon.png")
+    return fig
 
 
 # ---- per-client figures ----------------------------------------------------------------------
@@ -301,9 +318,7 @@ def _wrap(text: str, width: int = 34) -> str:
     return "\n".join(textwrap.wrap(text, width)) or text
 
 
-def plot_client_accuracy(
-    runs: Sequence[Run], styles: Sequence[Style], out_dir: Path
-) -> Path | None:
+def draw_client_accuracy(runs: Sequence[Run], styles: Sequence[Style]):
     """Distribution of per-client test accuracy at each run's last evaluated round."""
     data, labels, colors = [], [], []
     for run, st in zip(runs, styles, strict=True):
@@ -354,10 +369,10 @@ def plot_client_accuracy(
     allv = np.concatenate(data)
     if allv.min() >= 0 and allv.max() <= 1:
         ax.set_xlim(-0.02, 1.02)
-    return _save(fig, out_dir / "client_accuracy.png")
+    return fig
 
 
-def plot_fairness(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+def draw_fairness(runs: Sequence[Run], styles: Sequence[Style]):
     """Fairness over clients per evaluated round: accuracy spread, worst clients, Ψ."""
     tables = []
     for run, st in zip(runs, styles, strict=True):
@@ -383,7 +398,8 @@ def plot_fairness(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -
             y[~np.isfinite(y)] = np.nan
             values.append(y)
             _lines(ax, table["round"], y, st)
-        _style_axes(ax, "round", ylabel, title)
+        _style_axes(ax, None, ylabel, title)
+        _round_axis(ax, [t[2]["round"] for t in tables])
         if key == "psi":
             if _maybe_log(ax, values, ratio=20):
                 ax.set_ylabel("Ψ (log scale)", fontsize=11)
@@ -399,10 +415,11 @@ def plot_fairness(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -
         fontsize=12,
     )
     _run_legend(fig, [t[0] for t in tables], [t[1] for t in tables])
-    return _save(fig, out_dir / "fairness.png")
+    return fig
 
 
 # ---- algorithm-specific round metrics -------------------------------------------------------
+#: rounds.parquet columns drawn by the other figures (or bookkeeping), never in round_metrics.
 STANDARD_COLUMNS = frozenset(
     {
         "round",
@@ -417,6 +434,13 @@ STANDARD_COLUMNS = frozenset(
         "client_accuracy_std",
     }
 )
+#: The server's per-client fairness columns: fairness.png draws them from clients.parquet.
+FAIRNESS_PREFIX = "fair_"
+
+
+def _drawn_elsewhere(column: str) -> bool:
+    """True for columns another figure already shows, so no panel repeats them."""
+    return column in STANDARD_COLUMNS or column.startswith(FAIRNESS_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -487,8 +511,9 @@ def round_metric_panels(runs: Sequence[Run]) -> tuple[list[RoundPanel], dict[str
     """Panels for the optional rounds.parquet columns present in any run.
 
     Known columns (ALI-DPFL τ/μ, λ, σ schedules, selection, clusters, training
-    statistics) are grouped; any other numeric column gets a panel of its own. Columns
-    with one value throughout (every run, every round) are not drawn.
+    statistics) are grouped; any other numeric column gets a panel of its own, named by
+    `column_label`. Columns with one value throughout (every run, every round) are not
+    drawn, nor are columns another figure shows (`_drawn_elsewhere`).
 
     Returns:
         (panels, constants): panels to draw (at most MAX_PANELS, known ones first) and
@@ -497,7 +522,7 @@ def round_metric_panels(runs: Sequence[Run]) -> tuple[list[RoundPanel], dict[str
     present: list[str] = []
     for run in runs:
         for c in run.rounds:
-            if c not in STANDARD_COLUMNS and c not in present:
+            if not _drawn_elsewhere(c) and c not in present:
                 present.append(c)
     constants: dict[str, float] = {}
     varying = []
@@ -523,19 +548,15 @@ def round_metric_panels(runs: Sequence[Run]) -> tuple[list[RoundPanel], dict[str
             )
             used.update(cols)
     for c in sorted(c for c in varying if c not in used):
-        panels.append(RoundPanel(c, c, (c,)))
+        label = column_label(c)
+        panels.append(RoundPanel(label[:1].upper() + label[1:], label, (c,)))
     return panels, constants
 
 
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
-def plot_round_metrics(
-    runs: Sequence[Run],
-    styles: Sequence[Style],
-    out_dir: Path,
-    panels: Sequence[RoundPanel],
-) -> Path | None:
+def draw_round_metrics(runs: Sequence[Run], styles: Sequence[Style], panels: Sequence[RoundPanel]):
     """Trajectories of the algorithm-specific and training columns, one panel per group."""
     from matplotlib.lines import Line2D
 
@@ -549,6 +570,7 @@ def plot_round_metrics(
     drawn: list[int] = []
     for ax, panel in zip(axes, panels, strict=False):
         values = []
+        xs = []
         shown: set[str] = set()
         for i in sorted(range(len(runs)), key=lambda i: styles[i].zorder):
             run, st = runs[i], styles[i]
@@ -563,10 +585,12 @@ def plot_round_metrics(
                 shown.add(col)
                 ok = np.isfinite(y)
                 values.append(y[ok])
+                xs.append(run.round_index[ok])
                 _lines(ax, run.round_index[ok], y[ok], st, linestyle=_LINESTYLES[k % 4])
             if plotted and i not in drawn:
                 drawn.append(i)
-        _style_axes(ax, "round", panel.ylabel, panel.title)
+        _style_axes(ax, None, panel.ylabel, panel.title)
+        _round_axis(ax, xs)
         ax.title.set_fontsize(11)
         if panel.log_ok and _maybe_log(ax, values, ratio=100):
             ax.set_ylabel(f"{panel.ylabel} (log)", fontsize=11)
@@ -575,7 +599,7 @@ def plot_round_metrics(
             keys = [k for k, c in enumerate(panel.columns) if c in shown]
             ax.legend(
                 [Line2D([], [], color="black", lw=1.5, ls=_LINESTYLES[k % 4]) for k in keys],
-                [names.get(panel.columns[k], panel.columns[k]) for k in keys],
+                [names.get(panel.columns[k], column_label(panel.columns[k])) for k in keys],
                 fontsize=8,
                 loc="best",
                 framealpha=0.8,
@@ -585,11 +609,11 @@ def plot_round_metrics(
     fig.suptitle("Algorithm and training metrics per round", fontsize=13)
     drawn.sort()
     _run_legend(fig, [runs[i] for i in drawn], [styles[i] for i in drawn])
-    return _save(fig, out_dir / "round_metrics.png")
+    return fig
 
 
 # ---- comparisons and sweeps -----------------------------------------------------------------
-def plot_best_accuracy(runs: Sequence[Run], styles: Sequence[Style], out_dir: Path) -> Path | None:
+def draw_best_accuracy(runs: Sequence[Run], styles: Sequence[Style]):
     """Best and final test accuracy per run (trial), best first."""
     rows = [(r, st) for r, st in zip(runs, styles, strict=True) if r.best_accuracy is not None]
     if len(rows) < 2:
@@ -614,7 +638,9 @@ def plot_best_accuracy(runs: Sequence[Run], styles: Sequence[Style], out_dir: Pa
     ax.set_xlim(0, hi * 1.12 if hi > 0 else 1)
     sweeps = {r.sweep for r, _ in rows}
     what = "trial" if None not in sweeps else "run"
-    _style_axes(ax, "test accuracy (central test set)", None, f"Best test accuracy per {what}")
+    _style_axes(
+        ax, "best test accuracy (central test set)", None, f"Best test accuracy per {what}"
+    )
     ax.grid(True, axis="x", alpha=0.3)
     ax.grid(False, axis="y")
     from matplotlib.lines import Line2D
@@ -628,7 +654,7 @@ def plot_best_accuracy(runs: Sequence[Run], styles: Sequence[Style], out_dir: Pa
         fontsize=9,
         frameon=False,
     )
-    return _save(fig, out_dir / "best_accuracy.png")
+    return fig
 
 
 def _as_number(value: Any) -> float | None:
@@ -637,22 +663,40 @@ def _as_number(value: Any) -> float | None:
     return float(value)
 
 
-def plot_sweep_params(
-    runs: Sequence[Run],
-    styles: Sequence[Style],
-    out_dir: Path,
-    varying: Mapping[str, Sequence[Any]],
-    max_params: int = 4,
-) -> Path | None:
-    """Best accuracy against each numeric hyperparameter that varies across the trials."""
-    params: list[tuple[str, list[float | None]]] = []
-    for key, values in varying.items():
+def _numeric_params(
+    runs: Sequence[Run], varying: Mapping[str, Sequence[Any]]
+) -> list[tuple[str, list[float | None]]]:
+    """The varying config keys with at least two distinct numbers, swept keys first (the
+    ones the sweep searched, before values that merely came out different, e.g. a
+    calibrated σ); seeds are left out."""
+    swept = [k for r in runs for k in r.swept]
+    keys = sorted(varying, key=lambda k: (k not in swept, swept.index(k) if k in swept else 0))
+    params = []
+    for key in keys:
         if key.endswith(".seed"):
             continue
-        nums = [_as_number(v) for v in values]
+        nums = [_as_number(v) for v in varying[key]]
         if sum(v is not None for v in nums) >= 2 and len({v for v in nums if v is not None}) > 1:
             params.append((key, nums))
-    params = params[:max_params]
+    return params
+
+
+def _point_name(run: Run, key: str) -> str:
+    """What a point on `key`'s axis is: the trial's other swept values (its x already
+    says `key`'s), or the run's label when it is no sweep trial."""
+    if not run.swept:
+        return run.label
+    return param_label({k: v for k, v in run.swept.items() if k != key})
+
+
+def draw_sweep_params(
+    runs: Sequence[Run],
+    styles: Sequence[Style],
+    varying: Mapping[str, Sequence[Any]],
+    max_params: int = 4,
+):
+    """Best accuracy against each numeric hyperparameter that varies across the trials."""
+    params = _numeric_params(runs, varying)[:max_params]
     if not params:
         return None
     best = [r.best_accuracy for r in runs]
@@ -665,10 +709,12 @@ def plot_sweep_params(
                 xs.append(x)
                 ys.append(y)
                 cs.append(st.color if st.label is not None else "0.6")
-                names.append(run.label)
+                names.append(_point_name(run, key))
         ax.scatter(xs, ys, c=cs, s=46, edgecolors="black", linewidths=0.5, zorder=3)
         if len(xs) <= 10:
             for x, y, name in zip(xs, ys, names, strict=True):
+                if not name:
+                    continue
                 ax.annotate(
                     _wrap(name, 24),
                     (x, y),
@@ -681,7 +727,7 @@ def plot_sweep_params(
         xa = np.asarray(xs)
         if (xa > 0).all() and xa.max() / xa.min() >= 20:
             ax.set_xscale("log")
-        _style_axes(ax, key, None, key)
+        _style_axes(ax, param_title(key), None)
     axes[0].set_ylabel("best test accuracy", fontsize=11)
     fig.suptitle("Best test accuracy against the hyperparameters that vary", fontsize=12)
-    return _save(fig, out_dir / "sweep_params.png")
+    return fig

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from raydpfl.report.labels import param_label
+
 __all__ = [
     "ReportError",
     "Run",
@@ -26,6 +28,7 @@ __all__ = [
     "fairness_by_round",
     "is_run_dir",
     "load_run",
+    "swept_keys",
     "varying_config_keys",
 ]
 
@@ -49,6 +52,8 @@ class Run:
         sweep: The sweep directory's name when the run was found inside one.
         name: The run's directory name (relative to its sweep, for a sweep trial).
         label: A short name, unique among the report's runs (set by `collect_runs`).
+        swept: For a sweep trial, its values of the sweep's swept config keys (dotted,
+            'experiment.' dropped), in the sweep's order; {} otherwise.
     """
 
     path: Path
@@ -59,6 +64,7 @@ class Run:
     sweep: str | None = None
     name: str = ""
     label: str = ""
+    swept: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     # ---- metadata (summary.json first, config.yaml as the fallback) ---------------
@@ -272,24 +278,75 @@ def collect_runs(paths: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
             run.sweep = sweep
             run.name = trial.relative_to(path).as_posix()
             runs.append(run)
-        if not any(r.sweep == sweep for r in runs):
+        trials_read = [r for r in runs if r.sweep == sweep]
+        if not trials_read:
             raise ReportError(f"no readable run directory in sweep {str(path)!r}")
+        _record_swept_values(trials_read, swept_keys(path, trials_read))
     _label(runs)
     return runs, notes
 
 
+# ---- what a sweep varies -----------------------------------------------------------------
+SWEEP_FILE = "sweep.yaml"  # the sweep file as `raydpfl tune` ran it (tune.space inside)
+MAX_GUESSED_PARAMS = 3  # a hand-gathered sweep labels its trials by this many differences
+
+
+def swept_keys(sweep_dir: Path, trials: Sequence[Run]) -> list[str]:
+    """The config keys a sweep varies (dotted, 'experiment.' dropped), in its order.
+
+    `raydpfl tune` records its search space in sweep.yaml (`tune.space`) before the first
+    trial starts, so even an interrupted sweep names what it searched. A folder of runs
+    gathered by hand has no such file: the keys whose values differ between its trials
+    (from each trial's config.yaml) stand in, at most MAX_GUESSED_PARAMS of them.
+    """
+    space = _tune_space(sweep_dir / SWEEP_FILE)
+    if space:
+        return [_report_key(k) for k in space]
+    return list(varying_config_keys(trials))[:MAX_GUESSED_PARAMS]
+
+
+def _tune_space(path: Path) -> list[str]:
+    """The keys of sweep.yaml's `tune.space`; [] when the file is absent or unreadable."""
+    data = _read_config(path)
+    tune = data.get("tune") if data else None
+    space = tune.get("space") if isinstance(tune, Mapping) else None
+    return [str(k) for k in space] if isinstance(space, Mapping) else []
+
+
+def _report_key(key: str) -> str:
+    """A tune.space key as `varying_config_keys` spells it: 'experiment.' dropped (tune
+    takes `algorithm.lr` and `experiment.algorithm.lr` alike)."""
+    return key.removeprefix("experiment.")
+
+
+def _record_swept_values(trials: Sequence[Run], keys: Sequence[str]) -> None:
+    """Sets each trial's `swept` from its own config.yaml: the values it actually ran."""
+    for run in trials:
+        flat = _flatten(run.config) if run.config else {}
+        run.swept = {k: flat.get(f"experiment.{k}", flat.get(k)) for k in keys}
+
+
+# ---- labels ------------------------------------------------------------------------------
 def _label(runs: list[Run]) -> None:
-    """Short unique labels: experiment · algorithm · seed (sweep trials: sweep/trial)."""
+    """Short unique labels, the names legends show.
+
+    A sweep trial is named by its swept values (`lr=0.05, clip=1`), prefixed by its sweep
+    when several sweeps or plain runs are reported together; a run by experiment ·
+    algorithm · seed. Runs that would share a label get the settings that tell them
+    apart, and failing that their directory name.
+    """
     sweeps = {r.sweep for r in runs}
     only_one_sweep = len(sweeps) == 1 and None not in sweeps
     for run in runs:
         if run.sweep is not None:
-            run.label = run.name if only_one_sweep else f"{run.sweep}/{run.name}"
+            values = param_label(run.swept) if run.swept else run.name
+            run.label = values if only_one_sweep else f"{run.sweep}: {values}"
         else:
             seed = run.seed
             run.label = f"{run.experiment} · {run.algorithm}" + (
                 f" · seed {seed}" if seed is not None else ""
             )
+    _add_differing_settings(runs)
     counts: dict[str, int] = {}
     for run in runs:
         counts[run.label] = counts.get(run.label, 0) + 1
@@ -303,6 +360,22 @@ def _label(runs: list[Run]) -> None:
         final[run.label] = n
         if n > 1:
             run.label = f"{run.label} #{n}"
+
+
+def _add_differing_settings(runs: list[Run]) -> None:
+    """Appends ` · lr=0.1` (the config values that differ) to plain runs sharing a label,
+    so a comparison legend says what was compared rather than which folder it was in."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        if run.sweep is None:
+            groups.setdefault(run.label, []).append(run)
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        varying = dict(list(varying_config_keys(group).items())[:MAX_GUESSED_PARAMS])
+        for i, run in enumerate(group):
+            if varying:
+                run.label += " · " + param_label({k: v[i] for k, v in varying.items()})
 
 
 # ---- loading -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from raydpfl.privacy.dpsgd import (
+    LossWeightRule,
     PerSampleGradients,
     add_gaussian_noise,
     clip_weights,
@@ -274,3 +275,46 @@ def test_clipped_sum_into_adds_the_sum_to_the_given_tensors(engine_kind, n):
     assert into_stats == stats
     if n == 0:
         assert all(torch.equal(out[k], base[k]) for k in params)
+
+
+# ---- the run-time sensitivity check on caller-supplied weight rules -----------------------
+@pytest.mark.parametrize("engine_kind", ["vmap", "bookkeeping"])
+@pytest.mark.parametrize(
+    "rule",
+    [
+        lambda norms: 2.0 / (norms + 1e-6),  # every sample at twice C = 1
+        lambda norms: torch.where(norms > 0, torch.full_like(norms, float("nan")), norms),
+        LossWeightRule(lambda norms, losses: -3.0 / (norms + 1e-6)),  # |a|·‖g‖ = 3 > C
+    ],
+    ids=["twice-C", "nan", "negative-3C"],
+)
+def test_a_weight_rule_that_exceeds_the_clip_norm_is_refused(engine_kind, rule):
+    from raydpfl.privacy.dpsgd import SensitivityError, dp_sgd_step_
+    from raydpfl.privacy.engines import make_engine
+
+    model, params, x, y = _model_and_batch()
+    engine = make_engine(model, engine_kind)
+    with pytest.raises(SensitivityError, match=r"above the clip norm C = 1"):
+        dp_sgd_step_(
+            engine,
+            params,
+            x,
+            y,
+            lr=0.1,
+            clip_norm=1.0,
+            noise_multiplier=1.0,
+            expected_batch_size=4.0,
+            generator=_gen(),
+            weight_rule=rule,
+        )
+
+
+def test_a_rule_within_the_bound_passes_unchanged_and_an_opt_out_is_not_checked():
+    from raydpfl.privacy.dpsgd import BoundedWeightRule
+
+    norms = torch.tensor([0.5, 2.0, 8.0])
+    inside = BoundedWeightRule(lambda n: -clip_weights(n, 1.0), 1.0)  # sign is free
+    assert torch.equal(inside(norms), -clip_weights(norms, 1.0))
+    loose = lambda n: torch.full_like(n, 10.0)  # noqa: E731
+    loose.unbounded_by_design = True  # a run that opted out of DP explicitly
+    assert torch.equal(BoundedWeightRule(loose, 1.0)(norms), torch.full((3,), 10.0))
