@@ -76,10 +76,9 @@ def run_sweep(
     verbose: int = 1,
 ) -> dict[str, Any]:
     """Runs (or, with `resume`, continues) the sweep; returns the sweep summary."""
-    import ray
     from ray import tune
 
-    from raydpfl.backends.ray.runner import connect
+    from raydpfl.backends.ray.runner import connect, disconnect
 
     sweep_dir = sweep_dir.resolve()
     if not resume:
@@ -114,7 +113,7 @@ def run_sweep(
         return finish_sweep(sweep, sweep_dir, grid)
     finally:
         if started:
-            ray.shutdown()
+            disconnect()
 
 
 def resume_sweep(sweep_dir: Path, verbose: int = 1) -> dict[str, Any]:

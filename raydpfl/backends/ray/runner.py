@@ -26,6 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydpfl.backends.allocator import tune_allocator
 from raydpfl.backends.ray.backend import RayBackend
+from raydpfl.backends.ray.reaper import descendants, start_reaper
 from raydpfl.config.schema import ConfigError, RuntimeConfig
 from raydpfl.simulation.backend import ServerLostError
 from raydpfl.simulation.experiment import Experiment, make_server
@@ -103,16 +104,37 @@ def connect(address: str | None) -> bool:
     """Starts or joins Ray unless it is already initialised; True if we started it.
 
     The dashboard stays off (it would listen on the network); Ray's own token
-    authentication (on by default since Ray 2.52) is left on.
+    authentication (on by default since Ray 2.52) is left on. Ray 2.60's gRPC servers
+    listen on every interface (it turns 127.0.0.1 into the node's reachable address and
+    has no bind setting), so the token is what keeps other hosts out. A locally started
+    instance is watched by `reaper`: a driver killed outright leaves no Ray process.
     """
     if ray.is_initialized():
         return False
     if address in (None, "local"):
         # address="local" starts a fresh instance even when RAY_ADDRESS points elsewhere.
         ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+        # If this process is killed outright, end the Ray processes it started (Ray 2.60
+        # leaves its agents behind otherwise).
+        global _reaper
+        _reaper = start_reaper(os.getpid(), descendants(os.getpid()))
     else:
         ray.init(address=address, logging_level="WARNING")
     return True
+
+
+#: The watcher of the Ray instance `connect` started (see `reaper`), if any.
+_reaper: Any = None
+
+
+def disconnect() -> None:
+    """Shuts down the Ray instance `connect` started, and its watcher."""
+    global _reaper
+    ray.shutdown()
+    if _reaper is not None:
+        _reaper.terminate()
+        _reaper.wait(timeout=10)
+        _reaper = None
 
 
 def check_resources(rt: RuntimeConfig) -> None:
@@ -207,7 +229,7 @@ def run_on_ray(
                 )
     finally:
         if started:
-            ray.shutdown()
+            disconnect()
 
 
 def _serve_in_process(
