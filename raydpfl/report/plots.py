@@ -328,7 +328,7 @@ def draw_client_accuracy(runs: Sequence[Run], styles: Sequence[Style]):
         if acc.size == 0:
             continue
         data.append(acc)
-        labels.append(_wrap(f"{run.label} (round {rnd}, {acc.size} clients)"))
+        labels.append(f"{_wrap(run.label)}\n(round {rnd}, {acc.size} clients)")
         colors.append(st.color if st.label is not None else "0.6")
     if not data:
         return None
@@ -549,8 +549,17 @@ def round_metric_panels(runs: Sequence[Run]) -> tuple[list[RoundPanel], dict[str
             used.update(cols)
     for c in sorted(c for c in varying if c not in used):
         label = column_label(c)
-        panels.append(RoundPanel(label[:1].upper() + label[1:], label, (c,)))
+        panels.append(RoundPanel(_sentence_case(label), label, (c,)))
     return panels, constants
+
+
+def _sentence_case(label: str) -> str:
+    """A label as a panel title: first letter capitalised when the first word is a plain
+    lower-case word ("my value" → "My value"), never a symbol or name (τ, q-FFL, ε)."""
+    first = label.split(" ", 1)[0]
+    if first.isascii() and first.isalpha() and first.islower():
+        return label[:1].upper() + label[1:]
+    return label
 
 
 _LINESTYLES = ("-", "--", ":", "-.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import subprocess
 import sys
@@ -19,7 +20,8 @@ import pytest
 import yaml
 
 from raydpfl.cli.main import main
-from raydpfl.report import ReportError, build_report, load_run
+from raydpfl.report import ReportError, build_report, collect_runs, draw_figures, load_run
+from raydpfl.report.plots import round_metric_panels
 from raydpfl.report.runs import fairness_by_round
 from raydpfl.simulation.fairness import fairness_metrics
 
@@ -31,6 +33,18 @@ SINGLE_RUN_FIGURES = [
     "client_accuracy.png",
     "fairness.png",
     "round_metrics.png",
+]
+FAIR_COLUMNS = [  # what the server writes beside each evaluated round (simulation/server.py)
+    "fair_psi",
+    "fair_loss_mean",
+    "fair_acc_mean",
+    "fair_acc_var",
+    "fair_acc_std",
+    "fair_acc_mean_weighted",
+    "fair_acc_var_weighted",
+    "fair_acc_std_weighted",
+    "fair_acc_worst",
+    "fair_acc_worst10",
 ]
 CLIENT_COLUMNS = [
     "round",
@@ -54,11 +68,14 @@ def make_run(
     private: bool = True,
     clients: bool | None = True,
     lr: float = 0.5,
+    clip: float = 1.0,
     acc_offset: float = 0.0,
     ali: bool = False,
+    fair: bool = False,
     summary: bool = True,
 ) -> dict:
-    """Writes a run directory; returns its summary dict. clients=None: no clients.parquet."""
+    """Writes a run directory; returns its summary dict. clients=None: no clients.parquet;
+    fair=True: the server's fair_* columns in rounds.parquet (at evaluated rounds)."""
     path.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     r = np.arange(1, rounds + 1)
@@ -86,6 +103,9 @@ def make_run(
             mu=np.r_[rng.uniform(0.5, 50, rounds - 1), np.nan],
             iterations_done=np.cumsum([1.0, 12, 20, 17, 9, 30, 25, 11][:rounds]),
         )
+    if fair:
+        for key in FAIR_COLUMNS:
+            table[key] = np.where(evaluated, rng.uniform(0.1, 0.9, rounds), np.nan)
     pd.DataFrame(table).to_parquet(path / "rounds.parquet")
     if clients is not None:
         rows = []
@@ -111,7 +131,7 @@ def make_run(
             "name": name,
             "data": {"dataset": "synthetic"},
             "algorithm": {"name": algorithm, "rounds": rounds, "lr": lr},
-            "privacy": {"accountant": "rdp", "epsilon": 10.0, "delta": 1e-5},
+            "privacy": {"accountant": "rdp", "epsilon": 10.0, "delta": 1e-5, "clip_norm": clip},
         },
         "runtime": {"seed": seed, "output": "runs"},
     }
@@ -297,11 +317,21 @@ def test_a_sweep_directory_reports_every_trial_ranked(tmp_path):
 
     assert report.out_dir == sweep / "report"
     assert [r.name for r in report.runs] == ["trial_1", "trial_2", "trial_0"]
+    # No sweep.yaml: the trials are named by the config values that differ between them.
+    assert [r.label for r in report.runs] == ["lr=0.1, seed=1", "lr=1, seed=2", "lr=0.01, seed=0"]
     for name in ["accuracy.png", "best_accuracy.png", "sweep_params.png"]:
         assert_valid_png(sweep / "report" / name)
     text = (sweep / "report" / "report.md").read_text()
     assert "3 trials of sweep sweep, ranked by best test accuracy" in text
-    assert text.index("[trial_1]") < text.index("[trial_2]") < text.index("[trial_0]")
+    first, second, third = (
+        text.index(link)
+        for link in (
+            "[lr=0.1, seed=1](../trial_1/)",
+            "[lr=1, seed=2](../trial_2/)",
+            "[lr=0.01, seed=0](../trial_0/)",
+        )
+    )
+    assert first < second < third
     assert "| algorithm.lr |" in text
     assert "skipped sweep trial" in text and "broken" in text
     # Reporting again replaces the earlier report (its folder is not taken for a trial).
@@ -342,6 +372,150 @@ def test_trials_two_levels_down_are_found(tmp_path):
     report = build_report([tmp_path / "sweep"])
 
     assert sorted(r.name for r in report.runs) == ["group_a/t0", "group_b/t1"]
+
+
+# ---- what the figures say --------------------------------------------------------------------
+def drawn(figures: dict) -> dict:
+    return {name: fig for name, fig in figures.items() if fig is not None}
+
+
+def visible_axes(fig) -> list:
+    return [ax for ax in fig.axes if ax.get_visible()]
+
+
+def figure_legend_texts(fig) -> list[str]:
+    """The entries of the figure-level legends (the runs, and ε's line styles)."""
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def axes_words(fig) -> list[str]:
+    """Every title, axis label and in-panel legend entry of `fig`."""
+    words = [fig.get_suptitle()] if fig.get_suptitle() else []
+    for ax in visible_axes(fig):
+        words += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+        if ax.get_legend() is not None:
+            words += [t.get_text() for t in ax.get_legend().get_texts()]
+    return [w for w in words if w]
+
+
+def add_round_columns(run_dir: Path, **columns: list[float]) -> None:
+    table = pd.read_parquet(run_dir / "rounds.parquet")
+    for name, values in columns.items():
+        table[name] = values
+    table.to_parquet(run_dir / "rounds.parquet")
+
+
+def test_no_panel_is_drawn_twice_across_the_figures(tmp_path):
+    make_run(tmp_path / "a", algorithm="ali_dpfl", ali=True, fair=True)
+    make_run(tmp_path / "b", algorithm="ali_dpfl", ali=True, fair=True, seed=1, lr=0.1)
+
+    figures = drawn(draw_figures([tmp_path / "a", tmp_path / "b"]))
+
+    titles = [ax.get_title() for fig in figures.values() for ax in visible_axes(fig)]
+    titles = [t for t in titles if t]
+    assert len(titles) == len(set(titles)), titles
+    # The server's fair_* columns are fairness.png's (from clients.parquet), not panels
+    # of round_metrics.png, nor "constant columns" listed in report.md.
+    panels, constants = round_metric_panels(collect_runs([tmp_path / "a", tmp_path / "b"])[0])
+    assert not [c for p in panels for c in p.columns if c.startswith("fair_")]
+    assert not [c for c in constants if c.startswith("fair_")]
+    assert [p.title for p in panels] == [
+        "Local steps per round (τ for ALI-DPFL)",
+        "Smoothness estimate μ (ALI-DPFL)",
+        "DP-SGD iterations (ALI-DPFL)",
+        "Fraction of per-example gradients clipped",
+    ]
+    assert len(visible_axes(figures["fairness.png"])) == 4
+
+
+def test_axes_and_legends_use_human_names(tmp_path):
+    run = tmp_path / "run"
+    make_run(run, rounds=4, fair=True)
+    add_round_columns(run, qffl_loss_mean=[2.0, 1.5, 1.2, 1.1], my_probe_value=[1.0, 3, 2, 4])
+
+    figures = draw_figures([run])
+
+    assert figures["accuracy.png"].axes[0].get_ylabel() == "test accuracy"
+    assert figures["loss.png"].axes[0].get_ylabel() == "test loss"
+    legend = figure_legend_texts(figures["epsilon.png"])
+    assert {"ε (max over clients)", "ε (mean over clients)"} <= set(legend)
+    metric_titles = [ax.get_title() for ax in visible_axes(figures["round_metrics.png"])]
+    assert "q-FFL mean loss" in metric_titles  # a known column, by its name
+    assert "My probe value" in metric_titles  # an unknown one, spelled out
+    raw = re.compile(r"\b[a-z0-9]+_[a-z0-9_]+\b")  # a column name such as fair_psi
+    words = [w for fig in drawn(figures).values() for w in axes_words(fig)]
+    assert not [w for w in words if raw.search(w)], words
+
+
+def test_sweep_legends_name_trials_by_their_swept_values(tmp_path):
+    sweep = tmp_path / "sweep"
+    grid = [(0.05, 1.0), (0.05, 2.0), (0.5, 1.0), (0.5, 2.0)]
+    for k, (lr, clip) in enumerate(grid):
+        make_run(sweep / "trials" / f"a1b2c_0000{k}", lr=lr, clip=clip, acc_offset=0.02 * k)
+    space = {"algorithm.lr": {"grid": [0.05, 0.5]}, "privacy.clip_norm": {"grid": [1.0, 2.0]}}
+    (sweep / "sweep.yaml").write_text(yaml.safe_dump({"tune": {"space": space}}))
+
+    figures = draw_figures([sweep])
+
+    expected = ["lr=0.5, clip=2", "lr=0.5, clip=1", "lr=0.05, clip=2", "lr=0.05, clip=1"]
+    for name in ("accuracy.png", "loss.png", "fairness.png", "round_metrics.png"):
+        assert figure_legend_texts(figures[name]) == expected, name  # best trial first
+    bars = figures["best_accuracy.png"].axes[0]
+    assert [t.get_text() for t in bars.get_yticklabels()] == expected
+    params = visible_axes(figures["sweep_params.png"])
+    assert [ax.get_xlabel() for ax in params] == [
+        "learning rate (algorithm.lr)",
+        "clip norm C (privacy.clip_norm)",
+    ]
+    # Each point names the trial's other swept value (its x is the panel's own).
+    point_names = sorted(t.get_text() for t in params[0].texts)
+    assert point_names == ["clip=1", "clip=1", "clip=2", "clip=2"]
+
+
+def test_compared_runs_that_share_a_name_are_told_apart_by_their_settings(tmp_path):
+    make_run(tmp_path / "a", lr=0.5)
+    make_run(tmp_path / "b", lr=0.1)
+
+    figures = draw_figures([tmp_path / "a", tmp_path / "b"])
+
+    assert figure_legend_texts(figures["accuracy.png"]) == [
+        "exp · dp_fedavg · seed 0 · lr=0.5",
+        "exp · dp_fedavg · seed 0 · lr=0.1",
+    ]
+
+
+def integer_ticks_in_view(ax) -> list[float]:
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo - 1e-9 <= t <= hi + 1e-9]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    return ticks
+
+
+def test_a_run_with_one_evaluated_round_gets_a_padded_integer_round_axis(tmp_path):
+    make_run(tmp_path / "run", rounds=2, eval_every=2)  # evaluated at round 2 only
+
+    figures = draw_figures([tmp_path / "run"])
+
+    for name in ("accuracy.png", "loss.png", "fairness.png"):
+        for ax in visible_axes(figures[name]):
+            assert ax.get_xlim() == (1.0, 3.0), name
+            assert integer_ticks_in_view(ax) == [1.0, 2.0, 3.0], name
+            assert ax.get_xlabel() == "round"
+            assert ax.lines[0].get_marker() == "o"  # one point: a marker, not a line
+    for ax in visible_axes(figures["epsilon.png"]):  # ε: every round, 1 and 2
+        assert integer_ticks_in_view(ax) == [1.0, 2.0]
+
+
+def test_round_axes_of_longer_runs_tick_whole_rounds_only(tmp_path):
+    make_run(tmp_path / "run", rounds=3, algorithm="ali_dpfl", ali=True)
+
+    figures = drawn(draw_figures([tmp_path / "run"]))
+
+    for name in ("accuracy.png", "loss.png", "epsilon.png", "fairness.png"):
+        for ax in visible_axes(figures[name]):
+            assert integer_ticks_in_view(ax) == [1.0, 2.0, 3.0], name
+    for ax in visible_axes(figures["round_metrics.png"]):  # μ stops a round early
+        integer_ticks_in_view(ax)
 
 
 # ---- output directory ------------------------------------------------------------------------
