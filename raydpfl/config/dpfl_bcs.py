@@ -85,7 +85,7 @@ class DpflBcsConfig:
     # Gaussian calibration (§4.4): zcdp (sound, z = 1), paper_alg2 (literal Algorithm 2),
     # thm2_c2 (literal Lemma 1 with c2; the ledger decides what it costs).
     gm_calibration: Literal["zcdp", "paper_alg2", "thm2_c2"] = "zcdp"
-    c2: float = math.sqrt(2.0)
+    c2: float = math.sqrt(2.0)  # Theorem 2's c2 for thm2_c2 (never given; √2, §9.1)
     z_override: float | None = None  # P1's exponent z; null = the mechanism's (GM 1, LM 2)
     stage1_rounds: int = 10  # T0
     lr_decay_tau: float = 200.0  # η_t = lr/(1 + t/τ), t = 1..T
@@ -94,9 +94,9 @@ class DpflBcsConfig:
     # Per-client budgets: drawn ε_n ~ U[epsilon_min, epsilon_max], δ_n ~ U[delta_min,
     # delta_max] (δ_n = 0 under Laplace) on a stream derived from the run seed ...
     epsilon_min: float = 0.5
-    epsilon_max: float = 4.0
-    delta_min: float = 1e-5
-    delta_max: float = 1e-4
+    epsilon_max: float = 4.0  # upper end of the drawn ε_n
+    delta_min: float = 1e-5  # lower end of the drawn δ_n
+    delta_max: float = 1e-4  # upper end of the drawn δ_n
     budget_seed: int | None = None  # null: derived from runtime.seed
     # ... or given: "eps:delta,eps:delta,..." (one per client, ":delta" optional under
     # Laplace) or a path to a text file with one "eps [delta]" line per client.
@@ -104,10 +104,11 @@ class DpflBcsConfig:
     # P1's constants (§9.5): estimate (P2), table3 (the paper's Table III row of
     # table3_dataset or the experiment's dataset), or fixed (the fixed_* values).
     constants: Literal["estimate", "table3", "fixed"] = "estimate"
-    table3_dataset: str | None = None
-    fixed_smoothness: float = 1.0
-    fixed_strong_convexity: float = 0.5
-    fixed_lr_offset: float = 16.0
+    table3_dataset: str | None = None  # constants: table3's row; null = the experiment's
+    fixed_smoothness: float = 1.0  # constants: fixed, the smoothness L
+    fixed_strong_convexity: float = 0.5  # constants: fixed, the strong convexity μ (< L)
+    fixed_lr_offset: float = 16.0  # constants: fixed, the learning-rate offset
+    # Client sampling: systematic PPS (the spec's) or numpy's weighted choice.
     sampler: Literal["systematic", "choice"] = "systematic"
     weight_decay: float = 0.0  # server-side, ŵ ← ŵ − η_t·λ·ŵ (§11.5 [REC]: 2e-4)
     # Server momentum β on the aggregated (noisy) update; post-processing (§11.5 [REC]).

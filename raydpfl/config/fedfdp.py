@@ -57,14 +57,14 @@ class FedFdpConfig:
     loss_sampling_rate: float | None = None  # q_l of the loss batch; null = privacy.sampling_rate
     loss_clip_init: float = 2.5  # C_l^0
     loss_clip_floor: float = 1e-3  # C_l ≥ floor (avoids the absorbing zero, §11 A7)
-    loss_clip_multiplier: float = 1.0
+    loss_clip_multiplier: float = 1.0  # C_l^i ← max(floor, multiplier·F̃_i) after a release
     # Rounds: full = the largest T whose both-mechanism ε ≤ budget (run stops there);
     # paper_model_only = the paper's count (gradient only, overshoots the budget: the
     # ledger then has no cap and reports the true, larger ε); none = algorithm.rounds.
     rounds_from_budget: Literal["full", "paper_model_only", "none"] = "full"
     # DP-SGD divisor: q·|D_i| (expected) or a constant (the authors' code: 64).
     normalizer: Literal["expected", "fixed"] = "expected"
-    fixed_divisor: float = 64.0
+    fixed_divisor: float = 64.0  # the divisor of normalizer: fixed
     # Non-private local work: epoch = one pass in batches of ⌈q|D_i|⌉ (Alg. 1), steps =
     # algorithm.local_steps batches of algorithm.batch_size.
     local_mode: Literal["epoch", "steps"] = "epoch"

@@ -62,7 +62,7 @@ class ClusterShiftConfig:
     equal the sum of `cluster_sizes`.
     """
 
-    kind: Literal["none", "rotation", "label"] = "none"
+    kind: Literal["none", "rotation", "label"] = "none"  # the shift (see above)
     cluster_sizes: str = "3,6,6,6"  # clients per cluster; cluster 0 is the minority
     # seed_pool_80_20: the train split cut into equal client shards, each split locally;
     # official_train_test: train shards from the official train split, test shards from
