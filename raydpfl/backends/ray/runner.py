@@ -104,16 +104,24 @@ def connect(address: str | None) -> bool:
     """Starts or joins Ray unless it is already initialised; True if we started it.
 
     The dashboard stays off (it would listen on the network); Ray's own token
-    authentication (on by default since Ray 2.52) is left on. Ray 2.60's gRPC servers
-    listen on every interface (it turns 127.0.0.1 into the node's reachable address and
-    has no bind setting), so the token is what keeps other hosts out. A locally started
-    instance is watched by `reaper`: a driver killed outright leaves no Ray process.
+    authentication (on by default since Ray 2.52) is left on. A locally started instance
+    listens on 127.0.0.1 only (`loopback.loopback_only`: Ray 2.60 binds its gRPC servers
+    to the node address, which it would otherwise set to the host's reachable one), and
+    is watched by `reaper`: a driver killed outright leaves no Ray process.
     """
     if ray.is_initialized():
         return False
     if address in (None, "local"):
+        from raydpfl.backends.ray.loopback import LOOPBACK, loopback_only
+
         # address="local" starts a fresh instance even when RAY_ADDRESS points elsewhere.
-        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+        with loopback_only():
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                logging_level="WARNING",
+                _node_ip_address=LOOPBACK,
+            )
         # If this process is killed outright, end the Ray processes it started (Ray 2.60
         # leaves its agents behind otherwise).
         global _reaper
