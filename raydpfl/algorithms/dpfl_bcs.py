@@ -79,6 +79,8 @@ from raydpfl.algorithms.base import (
     Params,
 )
 from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
+from raydpfl.privacy import secure_noise
+from raydpfl.privacy.dpsgd import standard_normal_like
 from raydpfl.privacy.ledger import PrivacyCost
 
 Mechanism = Literal["gaussian", "laplace", "none"]
@@ -105,7 +107,10 @@ def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
 
 
 def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device) -> Any:
-    """i.i.d. Laplace(0, b) as b·(E₁ − E₂) with E ~ Exp(1) (exact; from the client's stream)."""
+    """i.i.d. Laplace(0, b) as b·(E₁ − E₂) with E ~ Exp(1) (exact; from the client's
+    stream, or from os.urandom for a secure-noise stream)."""
+    if secure_noise.is_secure(generator):
+        return secure_noise.laplace(shape, scale, torch.get_default_dtype(), device)
     e1 = torch.empty(shape, device=device).exponential_(generator=generator)
     e2 = torch.empty(shape, device=device).exponential_(generator=generator)
     return (e1 - e2) * scale
@@ -692,7 +697,8 @@ class DpflBcs(Algorithm):
     def _noise(self, shape: torch.Size, scale: float, ctx: ClientContext) -> torch.Tensor:
         if self.mechanism == "laplace":
             return laplace_noise(shape, scale, ctx.generator, ctx.device)
-        return torch.randn(shape, generator=ctx.generator, device=ctx.device) * scale
+        # The same draws as torch.randn(shape, generator) in research mode.
+        return standard_normal_like(torch.empty(shape, device=ctx.device), ctx.generator) * scale
 
     def _noisy_step(
         self,

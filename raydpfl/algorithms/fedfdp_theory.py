@@ -44,7 +44,7 @@ from raydpfl.privacy.accountants import (
     validate_delta,
 )
 from raydpfl.privacy.calibration import largest_feasible_steps
-from raydpfl.privacy.dpsgd import CLIP_EPS
+from raydpfl.privacy.dpsgd import CLIP_EPS, standard_normal_like
 
 __all__ = [
     "LOSS_CLIP_FLOOR",
@@ -293,7 +293,12 @@ def private_mean_loss(
     if not isinstance(losses, torch.Tensor) or losses.ndim != 1:
         raise ValueError("losses must be a 1-D torch.Tensor (one value per sample)")
     total = float(clip_losses(losses, clip_bound).double().sum())
-    z = float(torch.randn((), generator=generator, device=generator.device, dtype=torch.float64))
+    # torch.randn((), generator, dtype=float64) in research mode; os.urandom when secure.
+    z = float(
+        standard_normal_like(
+            torch.empty((), device=generator.device, dtype=torch.float64), generator
+        )
+    )
     return (total + noise_multiplier * clip_bound * z) / denominator
 
 

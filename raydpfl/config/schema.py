@@ -80,10 +80,12 @@ EngineName = Literal["auto", "bookkeeping", "vmap"]
 class PartitionConfig:
     """How a centralised dataset is split over clients (ignored for `synthetic`)."""
 
+    # iid; dirichlet (label skew, Dir(alpha)); dirichlet_capped (PFLlib's: a client stops
+    # receiving classes once it holds |D|/N records); shards (shards_per_client label shards).
     kind: PartitionKind = "dirichlet"
     alpha: float = 0.5  # Dirichlet concentration; 0.5 is W1's (workloads.md)
     shards_per_client: int = 2  # McMahan et al. 2017's pathological split
-    min_samples_per_client: int = 2
+    min_samples_per_client: int = 2  # fewest records per client (Dirichlet redraws until met)
 
     def __post_init__(self) -> None:
         _check(self.alpha > 0, "alpha", f"must be > 0, got {self.alpha}")
@@ -95,13 +97,13 @@ class PartitionConfig:
 class SyntheticConfig:
     """FedProx's Synthetic(α, β) generator (Li et al., MLSys 2020)."""
 
-    alpha: float = 1.0
-    beta: float = 1.0
-    iid: bool = False
-    num_features: int = 60
-    num_classes: int = 10
-    min_samples: int = 50
-    max_samples: int | None = None
+    alpha: float = 1.0  # variance of the per-client model mean u_k (how far models differ)
+    beta: float = 1.0  # variance of the per-client feature mean B_k (how far inputs differ)
+    iid: bool = False  # FedProx's Synthetic-IID (one shared model and feature distribution)
+    num_features: int = 60  # input dimension
+    num_classes: int = 10  # output classes
+    min_samples: int = 50  # records per client: lognormal(4, 2) + min_samples ...
+    max_samples: int | None = None  # ... capped at max_samples; null = no cap
 
     def __post_init__(self) -> None:
         _check(self.alpha >= 0, "alpha", f"must be >= 0, got {self.alpha}")
@@ -122,7 +124,7 @@ class DataConfig:
 
     dataset: str = "synthetic"  # a built-in name, or one registered as a dataset
     root: str | None = None  # where dataset files live; default $RAYDPFL_DATA or ~/.cache
-    num_clients: int = 100
+    num_clients: int = 100  # clients the dataset is partitioned over
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     client_test_fraction: float = 0.2  # share of each client's records held out for its test
     # train: partition the official training split, score on the official test split.
@@ -179,20 +181,22 @@ class AliDpflConfig:
     `dp_fedavg_fixed_tau`). See shared/specs/ali-dpfl.md; defaults are its [REC]s."""
 
     gamma: float = 10.0  # Γ: 10 for Dir(0.05); Table V: IID 0, Dir(0.5) 5, Dir(1) 1
-    gamma_mode: Literal["fixed", "code_estimate"] = "fixed"
+    gamma_mode: Literal["fixed", "code_estimate"] = "fixed"  # code_estimate: unaccounted
     mu_probe_size: int | None = 512  # records per client for the μ estimate; null = all
+    # τ*: paper (Eq. 9), code (the authors' 2 + 2/T), consistent (β = 2/μ).
     tau_formula: Literal["paper", "code", "consistent"] = "paper"
-    tau_init: int = 1
-    tau_max: int = 100
+    tau_init: int = 1  # τ of round 1 (before any μ estimate)
+    tau_max: int = 100  # τ* is clamped to this
     # R_c from the budget: exact (largest T with ε(T) ≤ ε) or the paper's bisection.
     rc_mode: Literal["exact", "paper_compat"] = "exact"
     # exact mode: the ledger's accountant, or the paper's classic RDP→DP conversion.
     rc_conversion: Literal["accountant", "classic"] = "accountant"
+    # truncate: τ_k = min(τ*, R_c − t); skip: stop when τ* does not fit (authors' code).
     last_round: Literal["truncate", "skip"] = "truncate"
     # DP-SGD divisor: q·|D_i| (a public constant) or the realised batch size (paper).
     # fixed: a constant divisor, fixed_divisor (the authors' code: 64).
     normalizer: Literal["expected", "actual", "fixed"] = "expected"
-    fixed_divisor: float = 64.0
+    fixed_divisor: float = 64.0  # the divisor of normalizer: fixed
 
     def __post_init__(self) -> None:
         _check(self.gamma >= 0, "gamma", f"must be >= 0, got {self.gamma}")
@@ -212,7 +216,7 @@ class PeDpflConfig:
 
     reg_weight: float = 0.1  # λ of the classifier-perturbation regulariser
     perturbation_std: float | None = None  # null: the aggregate's noise std, 2zS/sqrt(K)
-    num_perturbations: int = 1
+    num_perturbations: int = 1  # perturbation draws per step
     update_clip_norm: float | None = None  # S; null: privacy.clip_norm
 
     def __post_init__(self) -> None:
@@ -235,12 +239,13 @@ class AdapDpFlConfig:
     """Adap DP-FL's options (ALI-DPFL's baseline; formulas assumed, see `adap_dp_fl`)."""
 
     noise_decay: float = 0.9  # σ ← β·σ after `patience` consecutive loss decreases
-    patience: int = 4
+    patience: int = 4  # consecutive decreases of the noisy loss before σ decays
     clip_factor: float = 1.0  # C_k = factor × mean noisy gradient norm of the last round
+    # noisy: the norm as released; debiased: minus the noise's expected norm.
     clip_estimator: Literal["noisy", "debiased"] = "noisy"
-    clip_min: float | None = None
-    clip_max: float | None = None
-    min_noise_multiplier: float = 0.0
+    clip_min: float | None = None  # C_k clamped from below; null = no floor
+    clip_max: float | None = None  # C_k clamped from above; null = no cap
+    min_noise_multiplier: float = 0.0  # σ never decays below this
     loss_clip: float = 5.0  # the DP loss query clips each loss to [0, loss_clip]
 
     def __post_init__(self) -> None:
@@ -259,9 +264,9 @@ class AlgorithmConfig:
 
     name: str = "dp_fedavg"  # a built-in name, or one registered as an algorithm
     rounds: int = 20  # ali_dpfl and dp_fedavg_fixed_tau: R_s, the most rounds
-    clients_per_round: int = 10
+    clients_per_round: int = 10  # K, <= data.num_clients (DP-FedAvg: uniform, no replacement)
     local_steps: int = 5  # τ
-    lr: float = 0.1
+    lr: float = 0.1  # local SGD learning rate
     batch_size: int = 32  # fedavg only; DP-SGD batches are Poisson with rate privacy.sampling_rate
     eval_every: int = 1  # evaluate every k rounds (and always after the last)
     # Also score the global model on every client's test split (clients.parquet).
@@ -290,12 +295,14 @@ class AlgorithmConfig:
 class PrivacyConfig:
     """Record-level DP per client: budget, DP-SGD parameters and the accountant."""
 
-    accountant: AccountantName = "rdp"
+    accountant: AccountantName = "rdp"  # rdp, prv (opacus); dp_rdp, pld (dp-accounting)
     epsilon: float = 8.0  # each client's budget; a task that would exceed it is refused
-    delta: float = 1e-5
+    delta: float = 1e-5  # each client's δ; keep it < 1/|D_i| of the largest client
     clip_norm: float = 1.0  # C
     noise_multiplier: float | None = 1.0  # σ; null = calibrate to spend `epsilon` in all rounds
     sampling_rate: float = 0.05  # q, Poisson
+    # DP noise and Poisson sampling from os.urandom (not reproducible; README: secure noise)
+    secure_noise: bool = False
 
     def __post_init__(self) -> None:
         _check(self.epsilon > 0, "epsilon", f"must be > 0, got {self.epsilon}")
@@ -317,7 +324,7 @@ class PrivacyConfig:
 class ExperimentConfig:
     """What is simulated."""
 
-    name: str = "experiment"
+    name: str = "experiment"  # names the run directory
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -339,7 +346,7 @@ class ExperimentConfig:
 class RuntimeConfig:
     """How the simulation is run. Changing it never changes the results (same seed)."""
 
-    backend: BackendName = "ray"
+    backend: BackendName = "ray"  # local: one in-process worker, the same results
     # Ray: null or "local" starts a local instance; "auto" joins the running cluster;
     # "ray://host:port" connects through Ray Client.
     address: str | None = None
@@ -352,11 +359,11 @@ class RuntimeConfig:
     aggregation_groups: int = 8
     round_timeout_s: float | None = 3600.0  # a round that takes longer is an error
     max_restarts: int = 3  # a dead worker is restarted and its clients re-run
-    seed: int = 0
+    seed: int = 0  # the root seed: data, partition, sampling and noise streams derive from it
     output: str = "runs"  # parent folder of run directories
     # Rounds between checkpoints in the run directory (null: none); see --resume.
     checkpoint_every: int | None = 10
-    device: DeviceName = "cpu"
+    device: DeviceName = "cpu"  # auto: cuda where the worker has a GPU (resolved in each)
     threads: int | None = None  # torch threads of the server (evaluation); null = default
     # Per-sample clipping: book-keeping norms where every layer has a rule, else torch.func.
     engine: EngineName = "auto"
@@ -364,7 +371,7 @@ class RuntimeConfig:
     # supports it (DP-FedAvg): auto = on a GPU, or for small models (<= 20k parameters)
     # on a CPU, where it pays off. Results equal one-at-a-time up to float rounding.
     vectorise_clients: Literal["auto", "on", "off"] = "auto"
-    progress: bool = True
+    progress: bool = True  # a progress bar on the terminal
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")

@@ -28,6 +28,7 @@ from raydpfl.experiment.plugins import (
     parse_options,
     registered_model_factory,
 )
+from raydpfl.experiment.privacy_settings import apply_noise_mode
 from raydpfl.simulation.backend import Backend, worker_threads
 from raydpfl.simulation.experiment import Experiment, make_server
 from raydpfl.simulation.integrity import ResumeError, read_manifest
@@ -114,6 +115,7 @@ def build_experiment(
         algorithm, ledger, privacy = build_registered_algorithm(config, dataset, net)
     else:
         ledger, privacy = ledger_for(algorithm, config.experiment.privacy, sizes)
+    apply_noise_mode(algorithm, privacy, config.experiment.privacy.secure_noise)
     metadata["privacy"] = privacy
     extra = []
     if exp.data.client_test_fraction > 0 and exp.algorithm.evaluate_clients:

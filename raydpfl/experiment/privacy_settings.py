@@ -30,6 +30,27 @@ PRIVACY_STATEMENT = {
 }
 
 
+#: The summary's ``noise_source`` under ``privacy.secure_noise: true``.
+SECURE_NOISE_SOURCE = (
+    "secure mode: Poisson sampling and the DP noise of every mechanism that draws through "
+    "raydpfl.privacy.dpsgd (DP-SGD in every engine and the vectorised path, DPFL-BCS's "
+    "Gaussian and Laplace noise, FedFDP's and Adap DP-FL's loss noise, PE-DPFL's update "
+    "noise) from os.urandom (Gaussians: Box-Muller in float64, each value the sum of 4 draws "
+    "scaled to the std, as Opacus' secure_mode); any other draw from a client's stream (e.g. "
+    "RC-DPFL's GMM-stage noise, shuffles) comes from a PRNG seeded from the OS, not hardened "
+    "against floating-point attacks; not reproducible"
+)
+
+
+def apply_noise_mode(algorithm: Any, privacy_meta: dict[str, Any], secure: bool) -> None:
+    """Sets the run's noise source: on the algorithm, which every worker process receives
+    (`ClientWorker` reads ``algorithm.secure_noise``), and in the summary's privacy
+    statement, so that it says which source was used."""
+    algorithm.secure_noise = bool(secure)
+    if secure:
+        privacy_meta["noise_source"] = SECURE_NOISE_SOURCE
+
+
 def privacy_metadata(privacy: PrivacyConfig) -> dict[str, Any]:
     """The privacy statement and the run's privacy settings (summary.json)."""
     return {

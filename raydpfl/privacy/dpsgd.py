@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
+from raydpfl.privacy import secure_noise
+
 Params = dict[str, torch.Tensor]
 
 
@@ -87,8 +89,17 @@ def poisson_sample(
     """
     if not 0.0 <= sampling_rate <= 1.0:
         raise ValueError(f"sampling_rate must be in [0, 1], got {sampling_rate}")
-    mask = torch.rand(num_records, generator=generator, device=generator.device) < sampling_rate
+    mask = uniform_draws(num_records, generator) < sampling_rate
     return mask.nonzero().flatten()
+
+
+def uniform_draws(n: int, generator: torch.Generator) -> torch.Tensor:
+    """`n` uniforms on [0, 1) on the generator's device: the draw behind every Poisson
+    sample. From `generator` (``torch.rand``), or from `os.urandom` for a
+    `secure_noise.SecureGenerator` (secure-noise mode)."""
+    if secure_noise.is_secure(generator):
+        return secure_noise.uniform(n).to(generator.device)
+    return torch.rand(n, generator=generator, device=generator.device)
 
 
 def per_sample_norms(per_sample_grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -113,7 +124,10 @@ def weighted_sum(per_sample_grads: Mapping[str, torch.Tensor], weights: torch.Te
 def standard_normal_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One N(0, 1) draw per entry of `t` (its shape, device and dtype) from `generator`:
     the draw behind every Gaussian noise of a DP-SGD step, so all of them consume a
-    client's stream alike."""
+    client's stream alike. A `secure_noise.SecureGenerator` draws from `os.urandom`
+    instead (secure-noise mode)."""
+    if secure_noise.is_secure(generator):
+        return secure_noise.gaussian(t.shape, 1.0, t.dtype, t.device)
     return torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
 
 
@@ -122,10 +136,17 @@ def gaussian_like(t: torch.Tensor, std: float, generator: torch.Generator) -> to
 
     The same draws as ``std * standard_normal_like(t, generator)`` (torch scales inside
     its Gaussian kernel, so the product costs no pass of its own) and the generator
-    ends in the same state (tested)."""
-    return torch.empty_like(t, memory_format=torch.contiguous_format).normal_(
-        0.0, std, generator=generator
-    )
+    ends in the same state (tested). Secure-noise mode: see `fill_gaussian_`."""
+    return fill_gaussian_(torch.empty_like(t, memory_format=torch.contiguous_format), std, generator)
+
+
+def fill_gaussian_(out: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """Fills `out` with N(0, std²) draws in place and returns it: ``normal_`` from
+    `generator`, or, for a `secure_noise.SecureGenerator`, `os.urandom` Gaussians (each
+    the sum of 4 draws, scaled in float64; `raydpfl.privacy.secure_noise`)."""
+    if secure_noise.is_secure(generator):
+        return out.copy_(secure_noise.gaussian(out.shape, std, out.dtype, out.device))
+    return out.normal_(0.0, std, generator=generator)
 
 
 def add_gaussian_noise(tensors: Params, std: float, generator: torch.Generator) -> Params:

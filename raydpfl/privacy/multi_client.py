@@ -16,7 +16,9 @@ gives, up to float error from a different order of summation:
   per step, first the Poisson draw ``rand(|D_i|) < q``, then (if σ > 0) one
   ``randn(shape)`` per parameter tensor in parameter order. Streams are separate
   generators, so the interleaving *between* clients does not matter, and the RNG state
-  each client is left in is the same as after the sequential loop;
+  each client is left in is the same as after the sequential loop (both go through
+  `dpsgd.uniform_draws` and `dpsgd.fill_gaussian_`, which draw from `os.urandom`
+  instead for a secure-noise stream);
 - per-sample gradients are clipped (flat, ``clip_weights``) before anything is summed;
   padded batch slots get weight exactly 0, so they contribute nothing (they replay one
   of the client's own records, never another client's, and are never counted in the
@@ -62,7 +64,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from raydpfl.privacy.bookkeeping import SharedLayerError
-from raydpfl.privacy.dpsgd import Params, clip_weights
+from raydpfl.privacy.dpsgd import Params, clip_weights, fill_gaussian_, uniform_draws
 
 #: Default bound on the bytes of per-sample gradients formed at once (and on the
 #: stacked per-client state of one chunk).
@@ -301,10 +303,7 @@ class MultiClientDPSGD:
             # (a) every client's draws, in the sequential loop's order: mask, then noise.
             # `rand` of the concatenation equals the per-client draws (separate streams).
             uniforms = torch.cat(
-                [
-                    torch.rand(n, generator=g, device=g.device)
-                    for n, g in zip(sizes, generators, strict=True)
-                ]
+                [uniform_draws(n, g) for n, g in zip(sizes, generators, strict=True)]
             ).to(device)
             noise = self._draw_noise(start, generators, std)
             chosen = (uniforms < sampling_rate).nonzero().flatten()
@@ -405,10 +404,10 @@ class MultiClientDPSGD:
         for i, g in enumerate(generators):
             for name, p in params.items():
                 if same_device(g.device, p.device):
-                    noise[name][i].normal_(0.0, std, generator=g)
+                    fill_gaussian_(noise[name][i], std, g)
                 else:  # a generator on another device: draw there (its own stream), copy
                     draw = torch.empty(p.shape, dtype=p.dtype, device=g.device)
-                    noise[name][i].copy_(draw.normal_(0.0, std, generator=g))
+                    noise[name][i].copy_(fill_gaussian_(draw, std, g))
         return noise
 
     def _shared_step(

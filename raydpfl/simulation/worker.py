@@ -30,6 +30,7 @@ from raydpfl.data.federated import FederatedDataset
 from raydpfl.models import assert_dp_compatible, build_model
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.secure_noise import SecureGenerator
 from raydpfl.simulation.evaluation import EvalResult, evaluate, evaluation_params
 from raydpfl.simulation.seeding import torch_generator
 
@@ -98,6 +99,10 @@ class ClientWorker:
             (`raydpfl.privacy.multi_client`), where the algorithm supports it: ``auto``
             (where it pays off: on a GPU, or small models on a CPU), ``on`` or ``off``.
             Same results as one at a time up to float rounding.
+
+    Secure-noise mode (``privacy.secure_noise``) travels on the algorithm, which every
+    worker process receives, as ``algorithm.secure_noise`` (set by the experiment
+    builder): then each client's stream is a `SecureGenerator` (`_stream`).
     """
 
     def __init__(
@@ -115,6 +120,7 @@ class ClientWorker:
         self.algorithm = algorithm
         self.vectorise = vectorise
         self.run_seed = run_seed
+        self.secure_noise = bool(getattr(algorithm, "secure_noise", False))
         self.device = resolve_device(device)
         self.model = model_spec.build().to(self.device)
         self.model.requires_grad_(False)  # used functionally; its own tensors are never trained
@@ -124,6 +130,16 @@ class ClientWorker:
         self.y = as_tensor(dataset.y, self.device)
         self.client_train = [as_tensor(i, self.device) for i in dataset.client_train]
         self.client_test = [as_tensor(i, self.device) for i in dataset.client_test]
+
+    def _stream(self, task: ClientTask) -> torch.Generator:
+        """The client's RNG stream for `task`: derived from (run seed, round, client,
+        kind), so reproducible on any worker; in secure-noise mode a `SecureGenerator`
+        (DP noise and Poisson samples from os.urandom; not reproducible, by design)."""
+        if self.secure_noise:
+            return SecureGenerator(device=self.device)
+        return torch_generator(
+            self.run_seed, task.round_idx, task.client_id, task.kind, device=self.device
+        )
 
     def load_params(
         self, params: Mapping[str, torch.Tensor], model_key: str = GLOBAL_MODEL
@@ -160,9 +176,7 @@ class ClientWorker:
         ctx = ClientContext(
             model=self.model,
             clipping=self.clipping,
-            generator=torch_generator(
-                self.run_seed, task.round_idx, task.client_id, task.kind, device=self.device
-            ),
+            generator=self._stream(task),
             device=self.device,
         )
         try:
@@ -229,9 +243,7 @@ class ClientWorker:
             ClientContext(
                 model=self.model,
                 clipping=self.clipping,
-                generator=torch_generator(
-                    self.run_seed, t.round_idx, t.client_id, t.kind, device=self.device
-                ),
+                generator=self._stream(t),
                 device=self.device,
             )
             for t in group
