@@ -29,6 +29,7 @@ _EXPORTS = {
     "register_algorithm": "raydpfl.registry",
     "register_model": "raydpfl.registry",
     "register_dataset": "raydpfl.registry",
+    "Callback": "raydpfl.callbacks",
 }
 
 __all__ = ["__version__", *_EXPORTS]

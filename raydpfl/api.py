@@ -22,7 +22,7 @@ data is loaded or Ray is started.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import torch
 
 from raydpfl.algorithms.base import Algorithm
+from raydpfl.callbacks import Callback
 from raydpfl.config.load import config_from_dict, dump_config, load_config
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
@@ -109,6 +110,7 @@ def run_simulation(
     dataset: FederatedDataset | None = None,
     run_dir: str | Path | None = None,
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> SimulationResult:
     """Runs one simulation and returns its result.
 
@@ -123,6 +125,9 @@ def run_simulation(
         dataset: A `FederatedDataset` replacing ``experiment.data``'s.
         run_dir: Where outputs go (new or empty); None keeps them only in the result.
         on_round: Called with each round's row as the run goes.
+        callbacks: `raydpfl.callbacks.Callback` objects (trackers, or your own), told
+            the run's start, each round's row and the summary; added to those named in
+            ``runtime.callbacks``.
 
     Raises:
         ConfigError: A bad config value or argument (named), before any work starts.
@@ -134,9 +139,11 @@ def run_simulation(
     exp = build_experiment(cfg, dataset=dataset, model=model, algorithm=algorithm)
     if run_dir is not None:
         out = prepare_run_dir(run_dir)
-        return _result(run_experiment(exp, out, on_round=on_round), out, keep=True)
+        return _result(
+            run_experiment(exp, out, on_round=on_round, callbacks=callbacks), out, keep=True
+        )
     with tempfile.TemporaryDirectory(prefix="raydpfl-") as tmp:
-        summary = run_experiment(exp, Path(tmp), on_round=on_round)
+        summary = run_experiment(exp, Path(tmp), on_round=on_round, callbacks=callbacks)
         return _result(summary, Path(tmp), keep=False)
 
 

@@ -94,6 +94,7 @@ LAYERS = {
     "privacy": 1,
     "data": 1,
     "models": 1,
+    "callbacks": 1,
     "algorithms": 2,
     "simulation": 3,
     "backends": 4,

@@ -30,6 +30,7 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "runtime.output",
     "runtime.checkpoint_every",
     "runtime.progress",
+    "runtime.callbacks",
 )
 
 

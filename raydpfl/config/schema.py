@@ -372,6 +372,9 @@ class RuntimeConfig:
     # on a CPU, where it pays off. Results equal one-at-a-time up to float rounding.
     vectorise_clients: Literal["auto", "on", "off"] = "auto"
     progress: bool = True  # a progress bar on the terminal
+    # Trackers told each round's row, comma-separated: tensorboard, mlflow, wandb
+    # (raydpfl.callbacks; "" = none). Never changes results.
+    callbacks: str = ""
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")

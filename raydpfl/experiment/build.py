@@ -7,7 +7,7 @@ here (or in the schema) before any training or Ray work starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,15 @@ import torch
 from raydpfl import registry
 from raydpfl.algorithms import Algorithm
 from raydpfl.backends.local import LocalBackend
+from raydpfl.callbacks import (
+    Callback,
+    RunInfo,
+    callbacks_from_names,
+    check_callback_names,
+    parse_callback_names,
+)
 from raydpfl.config.load import dump_config, load_config
-from raydpfl.config.resume import check_resume_config
+from raydpfl.config.resume import check_resume_config, flatten
 from raydpfl.config.schema import BUILTIN_DATASETS, Config, ConfigError, DataConfig
 from raydpfl.data.datasets import find_dataset_files, load_dataset
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
@@ -159,8 +166,13 @@ def preflight(config: Config, dataset_given: bool = False) -> None:
     Raises:
         DatasetNotFoundError: The dataset's files are missing (the message says how to
             get them).
-        ConfigError: A registered entry's options are invalid (the key is named).
+        ConfigError: A registered entry's options are invalid (the key is named), or
+            ``runtime.callbacks`` names an unknown tracker or one that is not installed.
     """
+    try:
+        check_callback_names(parse_callback_names(config.runtime.callbacks))
+    except ValueError as e:
+        raise ConfigError("runtime.callbacks", str(e)) from None
     data = config.experiment.data
     if not dataset_given and data.dataset in BUILTIN_DATASETS and data.dataset != "synthetic":
         find_dataset_files(data.dataset, data.root)
@@ -267,6 +279,7 @@ def run_experiment(
     on_round: Callable[[Mapping[str, Any]], None] | None = None,
     resume: bool = False,
     server_in_process: bool = False,
+    callbacks: Sequence[Callback] = (),
 ) -> dict[str, Any]:
     """Runs `exp` on its backend, writing outputs to `run_dir` (None: in memory only).
 
@@ -274,6 +287,8 @@ def run_experiment(
     `resume`, `run_dir` is an interrupted run of the same config: it continues from
     its last checkpoint (and ends with the same model as an uninterrupted run). With
     `server_in_process` (Ray only; Tune trials), the server runs in this process.
+    `callbacks` (and those named in ``runtime.callbacks``) are told the run's start,
+    each round's row after `on_round`, and the summary; they are closed in any case.
     """
     if resume and run_dir is None:
         raise ValueError("resume needs the run directory")
@@ -281,18 +296,66 @@ def run_experiment(
         check_resume(run_dir, exp.config)
     if run_dir is not None and not resume:
         RunWriter(run_dir).write_config(dump_config(exp.config))
+    watchers = [*callbacks_from_names(parse_callback_names(exp.config.runtime.callbacks))]
+    watchers += list(callbacks)
+    try:
+        info = _run_info(exp, run_dir, resume)
+        for cb in watchers:
+            cb.on_run_start(info)
+        summary = _run_backend(exp, run_dir, _tell(on_round, watchers), resume, server_in_process)
+        if run_dir is not None:
+            summary["run_dir"] = str(run_dir)
+        for cb in watchers:
+            cb.on_run_end(summary)
+        return summary
+    finally:
+        for cb in watchers:
+            cb.close()
+
+
+def _run_backend(
+    exp: Experiment,
+    run_dir: Path | None,
+    on_round: Callable[[Mapping[str, Any]], None] | None,
+    resume: bool,
+    server_in_process: bool,
+) -> dict[str, Any]:
     if exp.config.runtime.backend == "ray":
         from raydpfl.backends.ray.runner import run_on_ray  # Ray is imported only here
 
-        summary = run_on_ray(exp, run_dir, on_round, resume, server_in_process)
-    else:
-        writer = RunWriter(run_dir) if run_dir is not None else None
-        server = make_server(exp, writer, on_round, resume=resume)
-        with make_local_backend(exp) as backend:
-            summary = server.run(backend)
-    if run_dir is not None:
-        summary["run_dir"] = str(run_dir)
-    return summary
+        return run_on_ray(exp, run_dir, on_round, resume, server_in_process)
+    writer = RunWriter(run_dir) if run_dir is not None else None
+    server = make_server(exp, writer, on_round, resume=resume)
+    with make_local_backend(exp) as backend:
+        return server.run(backend)
+
+
+def _tell(
+    on_round: Callable[[Mapping[str, Any]], None] | None, watchers: Sequence[Callback]
+) -> Callable[[Mapping[str, Any]], None] | None:
+    """One on_round for the server: the caller's, then every callback's."""
+    if not watchers:
+        return on_round
+
+    def tell(row: Mapping[str, Any]) -> None:
+        if on_round is not None:
+            on_round(row)
+        for cb in watchers:
+            cb.on_round_end(row)
+
+    return tell
+
+
+def _run_info(exp: Experiment, run_dir: Path | None, resume: bool) -> RunInfo:
+    privacy = exp.metadata.get("privacy") or {}
+    unit = str(privacy.get("unit", "record")).split(":", 1)[0].strip() or "record"
+    return RunInfo(
+        name=exp.config.experiment.name,
+        run_dir=run_dir,
+        config=flatten(exp.config),
+        resumed=resume,
+        epsilon_unit=unit,
+    )
 
 
 def check_resume(run_dir: Path, config: Config) -> None:
