@@ -37,6 +37,7 @@ from raydpfl.config.load import config_from_dict, dump_config, load_config
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.build import build_experiment, run_experiment
+from raydpfl.privacy.client_level import ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 
@@ -51,7 +52,8 @@ class SimulationResult:
         summary: summary.json: final accuracy, ε (with its δ and unit), hashes, ...
         history: One row per round (rounds.parquet) as a pyarrow Table; ``.to_pandas()``.
         params: The final global parameters (CPU tensors).
-        ledger: Every client's privacy charges (None for a non-private run).
+        ledger: Every client's privacy charges (None for a non-private run); a
+            client-level run's population ledger (`ClientLevelLedger`).
         run_dir: Where the outputs are, or None when none was asked for (they were
             written to a temporary directory, read back and removed).
     """
@@ -59,7 +61,7 @@ class SimulationResult:
     summary: dict[str, Any]
     history: pa.Table
     params: dict[str, torch.Tensor]
-    ledger: PrivacyLedger | None
+    ledger: PrivacyLedger | ClientLevelLedger | None
     run_dir: Path | None
 
     @property
@@ -154,7 +156,9 @@ def _result(summary: dict[str, Any], run_dir: Path, keep: bool) -> SimulationRes
     if ledger_path.exists():
         import json
 
-        ledger = PrivacyLedger.from_dict(json.loads(ledger_path.read_text(encoding="utf-8")))
+        data = json.loads(ledger_path.read_text(encoding="utf-8"))
+        kind = ClientLevelLedger if data.get("unit") == ClientLevelLedger.unit else PrivacyLedger
+        ledger = kind.from_dict(data)
     rounds = run_dir / "rounds.parquet"
     history = pq.read_table(rounds) if rounds.exists() else pa.table({})
     params = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)

@@ -232,6 +232,10 @@ class Algorithm(abc.ABC):
     #: Whether a checkpointed run of this algorithm can be resumed (see `state_dict` and
     #: `tensor_state`). False makes the server skip checkpoints and refuse ``--resume``.
     resumable: ClassVar[bool] = True
+    #: What a reported ε is about: ``record`` (each task declares its DP-SGD cost, charged
+    #: to its client's ledger) or ``client`` (one population-level charge per round,
+    #: `round_privacy_cost`, to a `raydpfl.privacy.client_level.ClientLevelLedger`).
+    privacy_unit: ClassVar[str] = "record"
 
     # ---- server half -------------------------------------------------------------
     @abc.abstractmethod
@@ -337,6 +341,12 @@ class Algorithm(abc.ABC):
                 f"algorithm {self.name!r} keeps no tensor state, but the checkpoint holds "
                 f"tensor state entries {keys[:3]}{more}"
             )
+
+    def round_privacy_cost(self, round_idx: int) -> Any | None:
+        """Client-level algorithms: the round's population-level charge (a
+        `raydpfl.privacy.client_level.ClientLevelCost`), charged by the server before the
+        round is selected and dispatched. None (default): the round's costs are its tasks'."""
+        return None
 
     def stop_reason(self) -> str | None:
         """Why the run must stop before the next round (e.g. an iteration budget is

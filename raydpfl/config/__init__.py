@@ -1,5 +1,6 @@
 """The typed config tree, loaded strictly from YAML (see `schema` and `load`)."""
 
+from raydpfl.config import client_level as _client_level  # noqa: F401 (registers it)
 from raydpfl.config.load import apply_override, config_from_dict, dump_config, load_config
 from raydpfl.config.schema import (
     AlgorithmConfig,

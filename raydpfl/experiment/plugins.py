@@ -34,9 +34,10 @@ from raydpfl.config.schema import Config, ConfigError, PrivacyConfig
 from raydpfl.data.datasets import ArrayDataset
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.privacy_settings import check_delta, noise_multiplier, privacy_metadata
+from raydpfl.privacy.client_level import ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyLedger
 
-Built = tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]
+Built = tuple[Algorithm, PrivacyLedger | ClientLevelLedger | None, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,17 @@ def build_registered_algorithm(
 
 def ledger_for(
     algorithm: Algorithm, privacy: PrivacyConfig, sizes: np.ndarray
-) -> tuple[PrivacyLedger | None, dict[str, Any]]:
+) -> tuple[PrivacyLedger | ClientLevelLedger | None, dict[str, Any]]:
     """The ledger of a user's algorithm: the config's accountant, δ and per-client ε budget
-    when it is private (its tasks declare their own costs), none otherwise."""
+    when it is private (its tasks declare their own costs), none otherwise; an algorithm
+    whose ``privacy_unit`` is ``client`` gets one population-level `ClientLevelLedger`."""
     if not algorithm.is_private:
         return None, {"unit": "none: non-private run (epsilon is infinite)"}
+    if getattr(algorithm, "privacy_unit", "record") == "client":
+        # One population-level ledger instead of per-client ones (never both: one unit).
+        from raydpfl.experiment.builders.client_level import client_level_ledger
+
+        return client_level_ledger(algorithm, privacy, sizes)
     check_delta(privacy.delta, sizes)
     ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
     return ledger, privacy_metadata(privacy)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raydpfl.privacy.client_level import ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
 
 #: The chain value before the first line of a charge log.
@@ -102,22 +103,32 @@ def read_chained_log(path: Path) -> tuple[list[ChargeBatch], int]:
     return batches, offset
 
 
-def rebuild_ledger(template: PrivacyLedger, batches: Sequence[ChargeBatch]) -> PrivacyLedger:
+def rebuild_ledger(
+    template: PrivacyLedger | ClientLevelLedger, batches: Sequence[ChargeBatch]
+) -> PrivacyLedger | ClientLevelLedger:
     """A ledger with `template`'s settings holding exactly the charges in `batches`.
 
     Charges are recorded as logged, without re-checking budgets: the log is the record of
     what was charged (each charge was checked against the budget before it was logged).
+    A client-level run's `ClientLevelLedger` is rebuilt the same way, its population's
+    charges logged under its one unit id.
     """
+    ledger_type = type(template)
+    parse_cost = (
+        ClientLevelLedger.cost_from_dict
+        if isinstance(template, ClientLevelLedger)
+        else PrivacyCost.from_dict
+    )
     snapshot = template.to_dict()
     clients: dict[int, list[dict[str, Any]]] = {}
     for batch in batches:
         for client_id, cost in batch.charges:
-            PrivacyCost.from_dict(cost)  # a malformed cost fails here, naming the field
+            parse_cost(cost)  # a malformed cost fails here, naming the field
             clients.setdefault(int(client_id), []).append(dict(cost))
     snapshot["clients"] = [
         {"client_id": cid, "entries": entries} for cid, entries in sorted(clients.items())
     ]
-    return PrivacyLedger.from_dict(snapshot)
+    return ledger_type.from_dict(snapshot)
 
 
 def first_ledger_difference(logged: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:

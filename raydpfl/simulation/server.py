@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
+from raydpfl.privacy.client_level import POPULATION, ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.backend import Backend
 from raydpfl.simulation.evaluation import EvalResult, evaluate
@@ -88,7 +89,7 @@ class Server:
         self,
         *,
         algorithm: Algorithm,
-        ledger: PrivacyLedger | None,
+        ledger: PrivacyLedger | ClientLevelLedger | None,
         train_sizes: np.ndarray,
         init_params: Params,
         test_set: CentralTestSet,
@@ -138,6 +139,8 @@ class Server:
         reason = self.algorithm.stop_reason()
         if reason is not None:
             self.stop_reason = reason
+            return False
+        if not self._charge_round(round_idx):
             return False
         rng = numpy_rng(self.settings.run_seed, round_idx, SERVER, "select")
         cohort = self.algorithm.select(round_idx, self.num_clients, rng)
@@ -198,6 +201,36 @@ class Server:
         ]
         if not charges:
             return dispatched, refused
+        self._log_charges(round_idx, charges)
+        return dispatched, refused
+
+    def _charge_round(self, round_idx: int) -> bool:
+        """Client-level runs: charges the round's population-level cost to the
+        `ClientLevelLedger` before anything of the round is drawn or dispatched, and logs
+        it like a task's charge. False (and the stop reason) when it would exceed the
+        client-level budget: the round is not run."""
+        cost = self.algorithm.round_privacy_cost(round_idx)
+        if cost is None:
+            return True
+        if not isinstance(self.ledger, ClientLevelLedger):
+            raise ValueError(
+                f"algorithm {self.algorithm.name!r} declares a client-level round cost, but the "
+                "run's ledger is record-level: units never mix in one run"
+            )
+        if self.ledger.would_exceed(POPULATION, cost):
+            eps = self.ledger.epsilon_after(POPULATION, cost)
+            self.stop_reason = (
+                f"client-level privacy budget exhausted: round {round_idx + 1} would raise "
+                f"epsilon to {eps:.4g} > {self.ledger.epsilon_budget:g}"
+            )
+            return False
+        self.ledger.charge(POPULATION, cost)
+        self._log_charges(round_idx, [(POPULATION, cost.to_dict())])
+        return True
+
+    def _log_charges(self, round_idx: int, charges: list[tuple[int, dict[str, Any]]]) -> None:
+        """Appends a batch of charges to the log (synced), or, in a replayed round, checks
+        it against the batch the interrupted run logged."""
         logged = self._logged.get(round_idx)
         if logged:
             expected = logged.pop(0)
@@ -207,7 +240,6 @@ class Server:
         elif self.writer is not None:
             self.writer.log_charges(round_idx, charges)
             self._log_position += 1
-        return dispatched, refused
 
     def _charge_tasks(
         self, tasks: Sequence[ClientTask]

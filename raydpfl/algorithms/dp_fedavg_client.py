@@ -1,0 +1,295 @@
+"""Client-level DP-FedAvg (McMahan, Ramage, Talwar & Zhang, ICLR 2018, Algorithm 1).
+
+Privacy unit: one client (all its training records). Each round:
+
+1. the server samples a cohort from the N clients: ``poisson`` (each client independently
+   with rate q) or ``fixed`` (K clients uniformly without replacement);
+2. each sampled client runs τ steps of *non-private* minibatch SGD from the global model
+   and clips its update Δ_k to L2 norm S (`clip_update`; flat, or per layer with
+   S/√L per parameter tensor so the whole stays within S);
+3. the server sums the clipped updates with uniform weights, adds N(0, σ²S²) once
+   (`add_aggregate_noise`, drawn through `raydpfl.privacy.dpsgd.gaussian_like` from a
+   stream derived from (run seed, round), or from os.urandom in secure-noise mode) and
+   divides by the *expected* cohort size E = q·N or K, a public constant
+   (`dp_fedavg_update`: the fixed-denominator estimator f̃_f of the paper, §2, with
+   w_k = 1, W = N);
+4. θ ← θ + (Σ_k clip_S(Δ_k) + z) / E (server learning rate 1).
+
+Distributed noise (``noise: distributed``, fixed-size sampling only): each client adds
+N(0, σ²S²/K) to its clipped update and the server only sums, so the sum carries exactly
+N(0, σ²S²) as in the central variant: the same mechanism, the same ε.
+
+Accounting is at the population level (`raydpfl.privacy.client_level`): every round is
+charged once, before it is dispatched, to the run's `ClientLevelLedger`
+(`round_privacy_cost`); tasks declare no per-client cost. This module imports no Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from raydpfl.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    ClientTask,
+    Params,
+    WeightedUpdateSum,
+    uniform_cohort,
+)
+from raydpfl.algorithms.fedavg import FedAvg
+from raydpfl.privacy import secure_noise
+from raydpfl.privacy.client_level import ClientLevelCost
+from raydpfl.privacy.dpsgd import gaussian_like
+
+#: The purpose tag of the server's aggregate-noise stream.
+NOISE_PURPOSE = "client_level_noise"
+
+
+# ---- the paper's math, as small pure functions -----------------------------------------------
+def update_norm(update: Mapping[str, torch.Tensor]) -> float:
+    """‖Δ‖₂ over all tensors together (float64)."""
+    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in update.values()))
+
+
+def clip_update(
+    update: Mapping[str, torch.Tensor], clip_norm: float, per_layer: bool = False
+) -> dict[str, torch.Tensor]:
+    """McMahan et al. 2018, Algorithm 1, ``ClipFn``: the update scaled into the L2 ball.
+
+    Flat: Δ · min(1, S/‖Δ‖₂). Per layer ("per-layer clipping", §3 of the paper): each of
+    the L tensors Δ_j · min(1, S_j/‖Δ_j‖₂) with S_j = S/√L, so ‖clip(Δ)‖₂ ≤ √(L·S²/L) = S:
+    the sensitivity the accountant assumes holds either way.
+    """
+    if not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    if per_layer:
+        bound = clip_norm / math.sqrt(max(len(update), 1))
+        return {n: _scaled_into(t, bound, update_norm({n: t})) for n, t in update.items()}
+    norm = update_norm(update)
+    return {n: _scaled_into(t, clip_norm, norm) for n, t in update.items()}
+
+
+def _scaled_into(t: torch.Tensor, bound: float, norm: float) -> torch.Tensor:
+    factor = min(1.0, bound / norm) if norm > 0 else 1.0
+    return t * factor
+
+
+def aggregate_noise_std(noise_multiplier: float, clip_norm: float) -> float:
+    """σ·S: the std of the Gaussian added once to the sum of clipped updates (Algorithm 1,
+    with the noise on the sum rather than on the mean: z·S/(qW) after the division)."""
+    return noise_multiplier * clip_norm
+
+
+def distributed_noise_std(noise_multiplier: float, clip_norm: float, cohort_size: int) -> float:
+    """σ·S/√K per client: K independent N(0, σ²S²/K) sum to N(0, σ²S²)."""
+    return noise_multiplier * clip_norm / math.sqrt(cohort_size)
+
+
+def add_aggregate_noise(
+    total: Mapping[str, torch.Tensor], std: float, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Σ + z with z ~ N(0, std² I), drawn tensor by tensor in `total`'s order through
+    `gaussian_like` (so secure-noise mode applies to it)."""
+    if std == 0:
+        return {n: t.clone() for n, t in total.items()}
+    return {n: t + gaussian_like(t, std, generator) for n, t in total.items()}
+
+
+def dp_fedavg_update(
+    global_params: Mapping[str, torch.Tensor],
+    noisy_sum: Mapping[str, torch.Tensor],
+    expected_cohort: float,
+) -> dict[str, torch.Tensor]:
+    """θ + (Σ_k clip(Δ_k) + z) / E: the fixed-denominator estimator f̃_f (McMahan et al.
+    2018, §2, uniform weights w_k = 1, W = N, E = qW), server learning rate 1. E is a
+    public constant, so one client moves the mean by at most S/E before noise."""
+    return {n: global_params[n] + noisy_sum[n] / expected_cohort for n in global_params}
+
+
+def poisson_cohort(uniforms: np.ndarray, rate: float) -> list[int]:
+    """Clients whose uniform draw falls below q: each independently with probability q."""
+    return [int(c) for c in np.flatnonzero(np.asarray(uniforms) < rate)]
+
+
+def noise_generator(seed: int, round_idx: int, secure: bool = False) -> torch.Generator:
+    """The aggregate noise's stream for (run seed, round): independent of the workers and
+    of the order clients ran; a `SecureGenerator` in secure-noise mode."""
+    if secure:
+        return secure_noise.SecureGenerator()
+    tag = zlib.crc32(NOISE_PURPOSE.encode("utf-8"))
+    seq = np.random.SeedSequence([int(seed), round_idx + 1, 0, tag])
+    gen = torch.Generator()
+    gen.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1)))
+    return gen
+
+
+# ---- the algorithm ---------------------------------------------------------------------------
+class DPFedAvgClientLevel(Algorithm):
+    """Client-level DP-FedAvg (see the module docstring).
+
+    Args:
+        num_clients: N, the population (public).
+        sampling: ``poisson`` or ``fixed``.
+        sampling_rate: q in (0, 1] (``poisson``).
+        cohort_size: K in [1, N] (``fixed``).
+        local_steps, lr, batch_size: τ non-private SGD steps of minibatch size B at rate η.
+        clip_norm: S, the bound on each client's update.
+        noise_multiplier: σ; the aggregate's noise std is σ·S.
+        clipping: ``flat`` or ``per_layer`` (S/√L per parameter tensor).
+        noise: ``central`` (the server adds N(0, σ²S²)) or ``distributed`` (each client
+            adds N(0, σ²S²/K); fixed-size sampling only).
+        seed: The run seed (the aggregate noise's stream).
+    """
+
+    name = "dp_fedavg_client"
+    is_private = True
+    linear_aggregation = True
+    privacy_unit: ClassVar[str] = "client"
+
+    def __init__(
+        self,
+        *,
+        num_clients: int,
+        sampling: str,
+        local_steps: int,
+        lr: float,
+        batch_size: int,
+        clip_norm: float,
+        noise_multiplier: float,
+        sampling_rate: float | None = None,
+        cohort_size: int | None = None,
+        clipping: str = "flat",
+        noise: str = "central",
+        seed: int = 0,
+    ) -> None:
+        if not clip_norm > 0:
+            raise ValueError(f"clip_norm (S) must be > 0, got {clip_norm}")
+        if clipping not in ("flat", "per_layer"):
+            raise ValueError(f"clipping must be flat or per_layer, got {clipping!r}")
+        if noise not in ("central", "distributed"):
+            raise ValueError(f"noise must be central or distributed, got {noise!r}")
+        if noise == "distributed" and sampling != "fixed":
+            raise ValueError("distributed noise needs fixed-size client sampling, not poisson")
+        # Validates q, K, N and σ in one place (ValueError naming the field).
+        self.cost = ClientLevelCost(
+            noise_multiplier, sampling, num_clients, sampling_rate, cohort_size, 1
+        )
+        self.num_clients = num_clients
+        self.sampling = sampling
+        self.sampling_rate = sampling_rate
+        self.cohort_size = cohort_size
+        self.local_steps = local_steps
+        self.lr = lr
+        self.batch_size = batch_size
+        self.clip_norm = float(clip_norm)
+        self.noise_multiplier = float(noise_multiplier)
+        self.clipping = clipping
+        self.noise = noise
+        self.seed = int(seed)
+        self.noise_calibrated = False  # set by the builder when σ came from the budget
+        self._round = 0
+
+    @property
+    def expected_cohort(self) -> float:
+        """E = q·N (poisson) or K (fixed): the public denominator."""
+        return self.cost.expected_cohort
+
+    # ---- server half -----------------------------------------------------------------------
+    def round_privacy_cost(self, round_idx: int) -> ClientLevelCost:
+        """One round of the subsampled Gaussian over the population, charged before dispatch."""
+        return self.cost
+
+    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
+        if num_clients != self.num_clients:
+            raise ValueError(f"built for {self.num_clients} clients, the run has {num_clients}")
+        self._round = round_idx
+        secure = bool(getattr(self, "secure_noise", False))
+        if self.sampling == "poisson":
+            assert self.sampling_rate is not None
+            u = secure_noise.uniform(num_clients).numpy() if secure else rng.random(num_clients)
+            return poisson_cohort(u, self.sampling_rate)
+        assert self.cohort_size is not None
+        if secure:  # the K smallest of N secure uniforms: a uniform K-subset
+            u = secure_noise.uniform(num_clients).numpy()
+            return sorted(int(c) for c in np.argsort(u, kind="stable")[: self.cohort_size])
+        return uniform_cohort(num_clients, self.cohort_size, rng)
+
+    def plan(
+        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
+    ) -> list[ClientTask]:
+        self._round = round_idx
+        return [
+            ClientTask(
+                client_id=c,
+                round_idx=round_idx,
+                local_steps=self.local_steps,
+                lr=self.lr,
+                batch_size=self.batch_size,
+            )
+            for c in cohort
+        ]
+
+    def aggregate_sum(
+        self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
+    ) -> Params:
+        """θ + (Σ clip(Δ_k) [+ z]) / E. Uniform weights: every result has weight 1, so
+        ``total.total`` is the plain sum of the clipped (and, distributed, noised) updates;
+        an empty cohort still gets the noise (the release happens every round)."""
+        if total.total is None:
+            summed = {n: torch.zeros_like(t) for n, t in global_params.items()}
+        else:
+            summed = {n: total.total[n].to(global_params[n].device) for n in global_params}
+        if self.noise == "central":
+            gen = noise_generator(
+                self.seed, self._round, bool(getattr(self, "secure_noise", False))
+            )
+            summed = add_aggregate_noise(
+                summed, aggregate_noise_std(self.noise_multiplier, self.clip_norm), gen
+            )
+        return dp_fedavg_update(global_params, summed, self.expected_cohort)
+
+    def unaccounted_releases(self) -> list[str]:
+        out = [
+            "client_updates_to_server (the trusted server sees each sampled client's clipped "
+            "update before the aggregate noise; the guarantee covers the released models)"
+            if self.noise == "central"
+            else "client_updates_to_server (each sampled client's clipped update carries only "
+            "its 1/K share of the noise; the guarantee covers the summed release)",
+            "cohort_sizes (clients_trained per round in rounds.parquet)",
+            "client_training_metrics (mean pre-clip update norm, clipped fraction and local "
+            "training loss over the round's clients, in rounds.parquet)",
+        ]
+        return out
+
+    # ---- client half -----------------------------------------------------------------------
+    def local_update(
+        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
+    ) -> ClientResult:
+        """τ non-private SGD steps (FedAvg's client), then clip Δ to S (and, distributed,
+        add this client's N(0, σ²S²/K) share from its own stream)."""
+        trained = FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
+        norm = update_norm(trained.update)
+        update = clip_update(trained.update, self.clip_norm, self.clipping == "per_layer")
+        if self.noise == "distributed":
+            assert self.cohort_size is not None
+            std = distributed_noise_std(self.noise_multiplier, self.clip_norm, self.cohort_size)
+            update = {n: t + gaussian_like(t, std, ctx.generator) for n, t in update.items()}
+        return ClientResult(
+            client_id=task.client_id,
+            update=update,
+            weight=1.0,
+            num_examples=trained.num_examples,
+            metrics={
+                "train_loss": trained.metrics.get("train_loss", float("nan")),
+                "update_norm": norm,
+                "update_clipped": float(norm > self.clip_norm),
+            },
+        )

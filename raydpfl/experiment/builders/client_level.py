@@ -1,0 +1,190 @@
+"""Client-level DP-FedAvg (``dp_fedavg_client``): config → algorithm, population ledger
+and the privacy statement of summary.json.
+
+`build` is the registry's target for the name (`raydpfl.config.client_level` registers
+it with its options dataclass); `client_level_ledger` is what
+`raydpfl.experiment.plugins.ledger_for` gives any algorithm whose ``privacy_unit`` is
+``client``: one `ClientLevelLedger` for the whole population instead of per-client ledgers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from raydpfl.algorithms.base import Algorithm
+from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
+from raydpfl.config.client_level import ClientLevelOptions
+from raydpfl.config.schema import ConfigError, PrivacyConfig
+from raydpfl.experiment.privacy_settings import PRIVACY_STATEMENT
+from raydpfl.privacy.accountants import describe_accountant
+from raydpfl.privacy.client_level import (
+    ClientLevelCost,
+    ClientLevelLedger,
+    check_client_level_accountant,
+    client_level_noise_multiplier,
+)
+
+
+def build(context: Any) -> DPFedAvgClientLevel:
+    """The algorithm from `context` (a `raydpfl.experiment.plugins.BuildContext`): every
+    bad value is a one-line `ConfigError` naming its field, raised before any training."""
+    exp, rt = context.config.experiment, context.config.runtime
+    algo, privacy = exp.algorithm, exp.privacy
+    opts: ClientLevelOptions = context.options or ClientLevelOptions()
+    n = int(context.dataset.num_clients)
+    where = "experiment.algorithm.options"
+    clip = opts.update_clip_norm if opts.update_clip_norm is not None else privacy.clip_norm
+    if opts.sampling == "poisson":
+        q = opts.client_sampling_rate
+        if q is None:
+            q = algo.clients_per_round / n
+            if not 0 < q <= 1:
+                raise ConfigError(
+                    "experiment.algorithm.clients_per_round",
+                    f"the expected cohort {algo.clients_per_round} is larger than the "
+                    f"population of {n} clients",
+                )
+        k = None
+    else:
+        q, k = None, algo.clients_per_round
+        if k > n:
+            raise ConfigError(
+                "experiment.algorithm.clients_per_round",
+                f"the cohort K={k} is larger than the population of {n} clients",
+            )
+    try:
+        check_client_level_accountant(privacy.accountant, opts.sampling)
+    except ValueError as e:
+        raise ConfigError("experiment.privacy.accountant", str(e)) from None
+    check_population_delta(privacy.delta, n)
+    template = ClientLevelCost(0.0, opts.sampling, n, q, k, 1)
+    sigma = privacy.noise_multiplier
+    calibrated = sigma is None
+    if sigma is None:
+        try:
+            sigma = client_level_noise_multiplier(
+                privacy.epsilon, privacy.delta, template, algo.rounds, privacy.accountant
+            )
+        except ValueError as e:
+            raise ConfigError(
+                "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
+            ) from None
+    try:
+        algorithm = DPFedAvgClientLevel(
+            num_clients=n,
+            sampling=opts.sampling,
+            sampling_rate=q,
+            cohort_size=k,
+            local_steps=algo.local_steps,
+            lr=algo.lr,
+            batch_size=algo.batch_size,
+            clip_norm=clip,
+            noise_multiplier=sigma,
+            clipping=opts.clipping,
+            noise=opts.noise,
+            seed=rt.seed,
+        )
+    except ValueError as e:
+        raise ConfigError(where, str(e)) from None
+    algorithm.noise_calibrated = calibrated
+    return algorithm
+
+
+def check_population_delta(delta: float, population: int) -> None:
+    """δ must be below 1/N at the client level (one client's failure probability)."""
+    if delta >= 1.0 / population:
+        raise ConfigError(
+            "experiment.privacy.delta",
+            f"must be < 1/N = {1.0 / population:.3g} at the client level ({population} "
+            f"clients); got {delta}",
+        )
+
+
+def client_level_ledger(
+    algorithm: Algorithm, privacy: PrivacyConfig, sizes: np.ndarray
+) -> tuple[ClientLevelLedger, dict[str, Any]]:
+    """The population ledger (the config's accountant, δ and ε budget, now about clients)
+    and the privacy statement of a client-level run."""
+    n = len(sizes)
+    cost = algorithm.round_privacy_cost(0)
+    if not isinstance(cost, ClientLevelCost):
+        raise ConfigError(
+            "experiment.algorithm.name",
+            f"{algorithm.name!r} says its privacy unit is client but declares no "
+            "ClientLevelCost per round (round_privacy_cost)",
+        )
+    if cost.population != n:
+        raise ConfigError(
+            "experiment.data.num_clients",
+            f"the algorithm was built for {cost.population} clients, the data has {n}",
+        )
+    try:
+        check_client_level_accountant(privacy.accountant, cost.sampling)
+    except ValueError as e:
+        raise ConfigError("experiment.privacy.accountant", str(e)) from None
+    check_population_delta(privacy.delta, n)
+    ledger = ClientLevelLedger(privacy.accountant, privacy.delta, privacy.epsilon, n)
+    return ledger, client_level_metadata(algorithm, cost, privacy)
+
+
+def client_level_metadata(
+    algorithm: Algorithm, cost: ClientLevelCost, privacy: PrivacyConfig
+) -> dict[str, Any]:
+    """What a client-level ε means (summary.json's ``privacy``)."""
+    clip = getattr(algorithm, "clip_norm", None)
+    noise = getattr(algorithm, "noise", "central")
+    n, e = cost.population, cost.expected_cohort
+    if cost.sampling == "poisson":
+        adjacency = f"add or remove one client, with all its records, from the population of N={n}"
+        sampling = (
+            f"Poisson client sampling with rate q={cost.sampling_rate:g} (expected cohort "
+            f"qN={e:g}); accounted as the Poisson-subsampled Gaussian over clients"
+        )
+    else:
+        adjacency = (
+            f"replace one client's records with another client's (N={n} public); the "
+            "clipped sum's L2 sensitivity is then 2S, so the Gaussian event's noise "
+            "multiplier is sigma/2"
+        )
+        sampling = (
+            f"K={cost.cohort_size} clients uniformly without replacement from N={n}; "
+            "accounted with dp-accounting's SampledWithoutReplacementDpEvent(N, K, "
+            "GaussianDpEvent(sigma/2)) under RDP"
+        )
+    return {
+        "unit": "client: all the training records of one client (client-level DP, "
+        "DP-FedAvg with server-side clipping and noise)",
+        "epsilon_unit": "client",
+        "adjacency": adjacency,
+        "mechanism": "each round: the sum of the sampled clients' model updates, each "
+        "clipped to L2 norm S, plus N(0, sigma^2 S^2) ("
+        + (
+            "added once by the server"
+            if noise == "central"
+            else "N(0, sigma^2 S^2 / K) added by each of the K clients"
+        )
+        + f"), divided by the expected cohort E={e:g} (public); composed over every round",
+        "sampling": sampling,
+        "covers": "every global model the server released: one charge per round, made "
+        "before the round is sampled and dispatched (also rounds with an empty cohort)",
+        "not_covered": "record-level guarantees (local SGD is not private); the server's "
+        "view of each clipped update (a trusted server; with distributed noise each update "
+        "carries only 1/K of the noise); the releases in unaccounted_releases; tuning",
+        "noise_source": PRIVACY_STATEMENT["noise_source"],
+        "tuning": PRIVACY_STATEMENT["tuning"],
+        "accountant": describe_accountant(privacy.accountant),
+        "epsilon_budget": privacy.epsilon,
+        "delta": privacy.delta,
+        "clip_norm": clip,
+        "clipping": getattr(algorithm, "clipping", None),
+        "noise_placement": noise,
+        "noise_multiplier": cost.noise_multiplier,
+        "noise_calibrated": bool(getattr(algorithm, "noise_calibrated", False)),
+        "client_sampling": cost.sampling,
+        "client_sampling_rate": cost.sampling_rate,
+        "cohort_size": cost.cohort_size,
+        "expected_cohort": e,
+        "population": n,
+    }
