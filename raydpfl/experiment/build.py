@@ -348,7 +348,7 @@ def _tell(
 
 def _run_info(exp: Experiment, run_dir: Path | None, resume: bool) -> RunInfo:
     privacy = exp.metadata.get("privacy") or {}
-    unit = str(privacy.get("unit", "record")).split(":", 1)[0].strip() or "record"
+    unit = privacy.get("epsilon_unit") or str(privacy.get("unit", "record")).split(":")[0]
     return RunInfo(
         name=exp.config.experiment.name,
         run_dir=run_dir,

@@ -227,3 +227,13 @@ def test_a_ray_run_tells_callbacks_the_same_rows(tmp_path):
     assert [r["round"] for r in rows] == [1, 2]
     for seen, stored in zip(rows, _rows(tmp_path / "run"), strict=True):
         assert all(_same(v, stored[k]) for k, v in seen.items())
+
+
+def test_a_client_level_run_tells_callbacks_its_unit():
+    config = small_config(
+        experiment__algorithm={"name": "dp_fedavg_client", "rounds": 1, "clients_per_round": 4},
+        experiment__privacy={"epsilon": 50.0, "delta": 1e-3},
+    )
+    recorder = Recorder()
+    raydpfl.run_simulation(config, callbacks=[recorder])
+    assert recorder.events[0][1].epsilon_unit == "client"
