@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from raydpfl.privacy.client_level import POPULATION, ClientLevelCost, ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
 from raydpfl.simulation.outputs import CHARGE_LOG, read_charge_log
 
@@ -24,16 +25,35 @@ def charge_logs(sweep_dir: Path) -> list[Path]:
     return sorted((sweep_dir / "trials").glob(f"**/{CHARGE_LOG}"))
 
 
-def composed_ledger(run_dirs: Iterable[Path], accountant: str, delta: float) -> PrivacyLedger:
-    """One ledger (no budget) holding every charge logged by every run in `run_dirs`."""
-    ledger = PrivacyLedger(accountant, delta, None)
+def composed_ledger(
+    run_dirs: Iterable[Path], accountant: str, delta: float
+) -> PrivacyLedger | ClientLevelLedger:
+    """One ledger (no budget) holding every charge logged by every run in `run_dirs`:
+    per client for record-level trials, the population's for client-level ones (a sweep
+    that mixes the two units is refused: their ε are about different things)."""
+    charges = []
     for run_dir in run_dirs:
         log = read_charge_log(run_dir)
         for round_idx in sorted(log):
             for batch in log[round_idx]:
-                for client_id, cost in batch:
-                    ledger.charge(int(client_id), PrivacyCost.from_dict(cost))
+                charges.extend((int(client_id), cost) for client_id, cost in batch)
+    client_level = [_is_client_level(cost) for _, cost in charges]
+    if charges and all(client_level):
+        costs = [ClientLevelCost.from_dict(cost) for _, cost in charges]
+        population = ClientLevelLedger(accountant, delta, None, costs[0].population)
+        for cost in costs:
+            population.charge(POPULATION, cost)
+        return population
+    if any(client_level):
+        raise ValueError("the sweep mixes record-level and client-level trials; units never mix")
+    ledger = PrivacyLedger(accountant, delta, None)
+    for client_id, cost in charges:
+        ledger.charge(client_id, PrivacyCost.from_dict(cost))
     return ledger
+
+
+def _is_client_level(cost: dict[str, Any]) -> bool:
+    return str(cost.get("mechanism", "")).startswith("client_")
 
 
 def selection_privacy(

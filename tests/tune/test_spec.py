@@ -240,3 +240,45 @@ def test_sweep_epsilon_composes_every_trials_charges_per_client(tmp_path):
         assert ledger.epsilon(c) == pytest.approx(compute_epsilon(histories[c], 1e-5, "rdp"))
     assert ledger.max_epsilon() == pytest.approx(ledger.epsilon(1))
     assert ledger.epsilon(1) > ledger.epsilon(0)
+
+
+def _write_log(run, rounds):
+    import json
+
+    from raydpfl.simulation.integrity import GENESIS, charge_log_line
+
+    run.mkdir(parents=True)
+    lines, chain = [], GENESIS
+    for r, charges in enumerate(rounds):
+        lines.append(charge_log_line(chain, r, charges))
+        chain = json.loads(lines[-1])["chain"]
+    (run / "ledger_log.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_client_level_sweep_composes_the_population_charges(tmp_path):
+    from raydpfl.privacy.client_level import POPULATION, ClientLevelCost, client_level_epsilon
+
+    costs = [
+        ClientLevelCost(1.0, "poisson", 200, sampling_rate=0.1),
+        ClientLevelCost(1.4, "poisson", 200, sampling_rate=0.1),
+    ]
+    for t, cost in enumerate(costs):
+        _write_log(tmp_path / f"t{t}", [[[POPULATION, cost.to_dict()]]] * 3)
+
+    ledger = composed_ledger([tmp_path / "t0", tmp_path / "t1"], "rdp", 1e-5)
+
+    expected = client_level_epsilon([costs[0]] * 3 + [costs[1]] * 3, 1e-5, "rdp")
+    assert ledger.unit == "client"
+    assert ledger.max_epsilon() == pytest.approx(expected)
+
+
+def test_a_sweep_mixing_privacy_units_is_refused(tmp_path):
+    from raydpfl.privacy.client_level import POPULATION, ClientLevelCost
+
+    _write_log(
+        tmp_path / "a",
+        [[[POPULATION, ClientLevelCost(1.0, "poisson", 200, sampling_rate=0.1).to_dict()]]],
+    )
+    _write_log(tmp_path / "b", [[[0, PrivacyCost(1.0, 0.1, 3).to_dict()]]])
+    with pytest.raises(ValueError, match="units never mix"):
+        composed_ledger([tmp_path / "a", tmp_path / "b"], "rdp", 1e-5)
