@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
+from raydpfl.cli.progress import Progress
+from raydpfl.cli.ray_logs import quiet_ray
 from raydpfl.config.schema import ConfigError
 from raydpfl.simulation.backend import RoundTimeoutError, ServerLostError, WorkerLostError
 
@@ -48,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `raydpfl` console script."""
     parser = _build_parser()
     args = parser.parse_args(argv)
+    quiet_ray()  # before any command imports Ray
     previous = _install_sigterm()
     try:
         return int(args.handler(args) or 0)
@@ -59,12 +62,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raydpfl: {_how_to_resume(args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        what = "terminated" if isinstance(e, _Terminated) else "interrupted"
-        print(f"raydpfl: {what}; {_how_to_resume(args)}", file=sys.stderr)
-        return 143 if isinstance(e, _Terminated) else 130
+        # A sweep stopped at once says which signal stopped it (`signum`).
+        terminated = isinstance(e, _Terminated) or getattr(e, "signum", None) == signal.SIGTERM
+        return _interrupted(args, "SIGTERM" if terminated else "SIGINT")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(args: argparse.Namespace, signal_name: str) -> int:
+    """Says what was kept and how to continue; 143 after SIGTERM, 130 after Ctrl-C."""
+    what = "terminated" if signal_name == "SIGTERM" else "interrupted"
+    print(f"raydpfl: {what}; {_how_to_resume(args)}", file=sys.stderr)
+    return 143 if signal_name == "SIGTERM" else 130
 
 
 def _install_sigterm() -> Any:
@@ -115,7 +125,8 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue an interrupted run from its last checkpoint, with its own config.yaml "
         "(a CONFIG given too must equal it); --set may change only runtime.backend, address, "
-        "workers, round_timeout_s, max_restarts, output, checkpoint_every, progress",
+        "workers, round_timeout_s, max_restarts, output, checkpoint_every, progress, "
+        "callbacks",
     )
     run.add_argument(
         "--out",
@@ -129,10 +140,18 @@ def _build_parser() -> argparse.ArgumentParser:
     val.add_argument("config")
     _add_set(val)
     _add_plugin(val)
+    val.add_argument(
+        "--all",
+        dest="everything",
+        action="store_true",
+        help="print every section, also the options blocks of algorithms the config does "
+        "not use (by default they are left out when they hold only defaults)",
+    )
     val.set_defaults(handler=_cmd_validate)
 
     priv = sub.add_parser(
-        "privacy", help="privacy calculator for DP-SGD (Poisson subsampled Gaussian)"
+        "privacy",
+        help="privacy calculator: DP-SGD (record level) and DP-FedAvg (client-* questions)",
     )
     psub = priv.add_subparsers(dest="question", required=True, parser_class=_Parser)
     eps = psub.add_parser("epsilon", help="epsilon spent by `steps` steps of (sigma, q)")
@@ -152,6 +171,22 @@ def _build_parser() -> argparse.ArgumentParser:
         "conversion, integer orders, bisection to 0.01: may exceed epsilon by <= 0.01)",
     )
     steps.set_defaults(handler=_cmd_privacy_steps)
+    # Client-level DP-FedAvg (the unit is one client; README "Client-level DP (DP-FedAvg)").
+    c_eps = psub.add_parser(
+        "client-epsilon", help="client-level epsilon of `rounds` DP-FedAvg rounds at sigma"
+    )
+    _add_client_level_args(c_eps, sigma=True, rounds=True)
+    c_eps.set_defaults(handler=_cmd_privacy_client_epsilon)
+    c_noise = psub.add_parser(
+        "client-noise", help="smallest sigma keeping `rounds` DP-FedAvg rounds within epsilon"
+    )
+    _add_client_level_args(c_noise, epsilon=True, rounds=True)
+    c_noise.set_defaults(handler=_cmd_privacy_client_noise)
+    c_rounds = psub.add_parser(
+        "client-rounds", help="most DP-FedAvg rounds at sigma within a client-level epsilon"
+    )
+    _add_client_level_args(c_rounds, epsilon=True, sigma=True)
+    c_rounds.set_defaults(handler=_cmd_privacy_client_rounds)
 
     data = sub.add_parser("data", help="datasets: download files, partition statistics")
     dsub = data.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -304,6 +339,85 @@ def _add_privacy_args(
     p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp", help="default rdp (opacus)")
 
 
+def _positive_int(text: str) -> int:
+    value = _nonneg_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _add_client_level_args(
+    p: argparse.ArgumentParser, *, epsilon: bool = False, sigma: bool = False, rounds: bool = False
+) -> None:
+    from raydpfl.privacy.accountants import ACCOUNTANTS
+
+    if epsilon:
+        p.add_argument(
+            "--epsilon", type=_positive_float, required=True, help="client-level target epsilon"
+        )
+    if sigma:
+        p.add_argument(
+            "--sigma",
+            "--noise-multiplier",
+            dest="sigma",
+            type=_positive_float,
+            required=True,
+            help="noise multiplier: the aggregate's noise std over the update clip norm S",
+        )
+    p.add_argument(
+        "--population", type=_positive_int, required=True, help="N, the number of clients"
+    )
+    p.add_argument(
+        "--sampling",
+        choices=("poisson", "fixed"),
+        default="poisson",
+        help="poisson: each client with rate --q (add/remove one client); fixed: --cohort "
+        "clients without replacement (replace one client)",
+    )
+    p.add_argument("--q", type=_rate, help="client sampling rate (poisson)")
+    p.add_argument("--cohort", type=_positive_int, help="K, the cohort size (fixed)")
+    if rounds:
+        p.add_argument("--rounds", type=_nonneg_int, required=True, help="number of rounds")
+    p.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
+    p.add_argument(
+        "--accountant",
+        choices=ACCOUNTANTS,
+        default="rdp",
+        help="default rdp; fixed sampling: rdp or dp_rdp (dp-accounting RDP, replace-one)",
+    )
+
+
+def _client_round(args: argparse.Namespace, sigma: float = 0.0):
+    """One round's `ClientLevelCost` from the flags (a bad combination: one line)."""
+    from raydpfl.privacy.client_level import ClientLevelCost, check_client_level_accountant
+
+    if args.sampling == "poisson":
+        if args.q is None or args.cohort is not None:
+            raise ConfigError("--q", "poisson sampling needs --q (and no --cohort)")
+        cost = ClientLevelCost(sigma, "poisson", args.population, sampling_rate=args.q)
+    else:
+        if args.cohort is None or args.q is not None:
+            raise ConfigError("--cohort", "fixed sampling needs --cohort K (and no --q)")
+        if args.cohort > args.population:
+            raise ConfigError(
+                "--cohort", f"K={args.cohort} is larger than the population {args.population}"
+            )
+        cost = ClientLevelCost(sigma, "fixed", args.population, cohort_size=args.cohort)
+    try:
+        check_client_level_accountant(args.accountant, args.sampling)
+    except ValueError as e:
+        raise ConfigError("--accountant", str(e)) from None
+    return cost
+
+
+def _client_words(args: argparse.Namespace) -> str:
+    how = f"q={args.q}" if args.sampling == "poisson" else f"K={args.cohort}"
+    return (
+        f"N={args.population}, {args.sampling} sampling {how}, delta={args.delta:g}, "
+        f"accountant={args.accountant}, at the client level"
+    )
+
+
 # ---- handlers ---------------------------------------------------------------------------
 def _load(args: argparse.Namespace):
     from raydpfl.config.load import load_config
@@ -313,12 +427,18 @@ def _load(args: argparse.Namespace):
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from raydpfl.config.load import dump_config
+    from raydpfl.cli.config_view import render
     from raydpfl.experiment.build import NOT_CHECKED_BEFORE_LOADING, preflight
 
     config = _load(args)
     preflight(config)  # the same check `run` makes before loading any data
-    sys.stdout.write(dump_config(config))
+    text, hidden = render(config, everything=args.everything)
+    sys.stdout.write(text)
+    if hidden:
+        print(
+            f"# not shown (unused by {config.experiment.algorithm.name}, all defaults; "
+            f"--all prints them): {', '.join(hidden)}"
+        )
     print(
         f"# ok: {args.config} is valid and its dataset files are present "
         f"(checked when the data is loaded: {NOT_CHECKED_BEFORE_LOADING})",
@@ -345,7 +465,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     exp = build_experiment(config)
     prepare_run_dir(run_dir)
     args.run_dir = run_dir
-    progress = _Progress(
+    progress = Progress(
         config.experiment.algorithm.rounds,
         enabled=config.runtime.progress and not args.no_progress,
     )
@@ -372,7 +492,7 @@ def _resume(args: argparse.Namespace) -> int:
     check_resume(run_dir, config)  # before any data is loaded or Ray started
     args.run_dir = run_dir
     exp = build_experiment(config)
-    progress = _Progress(
+    progress = Progress(
         config.experiment.algorithm.rounds,
         enabled=config.runtime.progress and not args.no_progress,
         start=_checkpoint_round(run_dir),
@@ -447,6 +567,49 @@ def _cmd_privacy_steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_privacy_client_epsilon(args: argparse.Namespace) -> int:
+    from raydpfl.privacy.client_level import client_level_epsilon
+
+    cost = _client_round(args, args.sigma).with_steps(args.rounds)
+    eps = client_level_epsilon([cost], args.delta, args.accountant)
+    print(
+        f"epsilon = {eps:.6g}  (sigma={args.sigma}, rounds={args.rounds}, {_client_words(args)})"
+    )
+    return 0
+
+
+def _cmd_privacy_client_noise(args: argparse.Namespace) -> int:
+    from raydpfl.privacy.client_level import client_level_noise_multiplier
+
+    cost = _client_round(args)
+    if args.rounds == 0:
+        sigma = 0.0
+    else:
+        try:
+            sigma = client_level_noise_multiplier(
+                args.epsilon, args.delta, cost, args.rounds, args.accountant
+            )
+        except ValueError as e:
+            raise ConfigError("", str(e)) from None
+    print(
+        f"noise_multiplier = {sigma:.6g}  (epsilon<={args.epsilon}, rounds={args.rounds}, "
+        f"{_client_words(args)})"
+    )
+    return 0
+
+
+def _cmd_privacy_client_rounds(args: argparse.Namespace) -> int:
+    from raydpfl.privacy.client_level import client_level_max_rounds
+
+    rounds = client_level_max_rounds(
+        args.epsilon, args.delta, _client_round(args, args.sigma), args.accountant
+    )
+    print(
+        f"rounds = {rounds}  (epsilon<={args.epsilon}, sigma={args.sigma}, {_client_words(args)})"
+    )
+    return 0
+
+
 def _cmd_data_download(args: argparse.Namespace) -> int:
     from raydpfl.data.datasets import DATASETS, download_dataset
 
@@ -491,14 +654,28 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         args.sweep_dir = out
         summary = run_sweep(sweep, out, verbose=verbose)
     _print_sweep(summary)
+    if summary.get("interrupted"):  # Tune stopped gracefully; its state is saved
+        return _interrupted(args, summary["interrupted"]["signal"])
     return 0
 
 
 def _print_sweep(summary: Mapping[str, Any]) -> None:
     rows = summary["rows"]
+    counts = [
+        f"{summary[key]} {words}"
+        for key, words in (
+            ("trials_completed", "completed"),
+            ("trials_stopped_early", "stopped early"),
+            ("trials_failed", "failed"),
+            ("trials_interrupted", "interrupted"),
+            ("trials_not_started", "not started"),
+        )
+        if summary.get(key) or key in ("trials_completed", "trials_failed")
+    ]
+    planned = summary.get("trials_planned") or summary["trials"]
+    of = f" of {planned}" if planned > summary["trials"] else ""
     print(
-        f"sweep: {summary['trials']} trials ({summary['trials_completed']} completed, "
-        f"{summary['trials_stopped_early']} stopped early, {summary['trials_failed']} failed); "
+        f"sweep: {summary['trials']}{of} trials ({', '.join(counts)}); "
         f"{summary['mode']} {summary['metric']}"
     )
     for r in rows:
@@ -545,40 +722,6 @@ def _default_run_dir(output: str, name: str) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
-
-
-class _Progress:
-    """A tqdm bar over rounds showing accuracy and the largest ε spent.
-
-    The bar follows each row's round number, so a resumed run starts at its checkpoint
-    round and rounds replayed after a server restart are not counted twice.
-    """
-
-    def __init__(self, total: int, enabled: bool, start: int = 0) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(
-                total=total, initial=start, desc="rounds", unit="round", dynamic_ncols=True
-            )
-        self.last_acc = float("nan")
-
-    def update(self, row: Mapping[str, Any]) -> None:
-        if self.bar is None:
-            return
-        acc = row.get("test_accuracy", float("nan"))
-        if acc == acc:  # not NaN
-            self.last_acc = acc
-        eps = row.get("epsilon_max", float("inf"))
-        self.bar.set_postfix(
-            acc=f"{self.last_acc:.4f}", eps="inf" if eps == float("inf") else f"{eps:.3f}"
-        )
-        self.bar.update(max(0, int(row.get("round", self.bar.n + 1)) - self.bar.n))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _print_summary(summary: Mapping[str, Any]) -> None:

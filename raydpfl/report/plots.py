@@ -206,13 +206,55 @@ def _two_and_five(value: float, _pos: Any = None) -> str:
     return f"{value:g}" if round(mantissa, 6) in (2.0, 5.0) else ""
 
 
-def _accuracy_limits(ax, values: Sequence[np.ndarray]) -> None:
-    """Accuracy axes: [0, 1] padded when the values are fractions."""
+def accuracy_limits(values: Sequence[np.ndarray]) -> tuple[float, float] | None:
+    """An accuracy axis's range when the values are fractions (else None): from just
+    below the lowest tenth they reach to just above the highest value, within [0, 1]
+    padded, so runs that all score 0.85-0.95 are not squeezed into a tenth of the axis."""
     finite = [v[np.isfinite(v)] for v in values if len(v)]
     allv = np.concatenate(finite) if finite else np.empty(0)
-    if allv.size and allv.min() >= 0 and allv.max() <= 1:
-        lo = max(-0.02, math.floor(allv.min() * 10) / 10 - 0.05)
-        ax.set_ylim(lo, min(1.02, max(allv.max() + 0.05, lo + 0.1)))
+    if not (allv.size and allv.min() >= 0 and allv.max() <= 1):
+        return None
+    lo = max(-0.02, math.floor(allv.min() * 10) / 10 - 0.05)
+    return lo, min(1.02, max(allv.max() + 0.05, lo + 0.1))
+
+
+def _accuracy_limits(ax, values: Sequence[np.ndarray]) -> None:
+    limits = accuracy_limits(values)
+    if limits is not None:
+        ax.set_ylim(*limits)
+
+
+def identical_note(
+    series: Sequence[tuple[np.ndarray, np.ndarray]], styles: Sequence[Style]
+) -> str:
+    """Names the labelled runs whose curves coincide, or "".
+
+    Curves that are equal point for point hide each other (the last drawn covers the
+    rest): sweep trials that differ only in the learning rate spend the same ε and draw
+    the same batch sizes, so the figure would show one trial's colour and no sign of the
+    others. The note goes into the title, where it covers no data.
+    """
+    groups: list[list[int]] = []
+    for i, (x, y) in enumerate(series):
+        if len(x) == 0 or styles[i].label is None:
+            continue
+        for group in groups:
+            x0, y0 = series[group[0]]
+            if np.array_equal(x, x0) and np.array_equal(y, y0, equal_nan=True):
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    same = [g for g in groups if len(g) > 1]
+    if not same:
+        return ""
+    labelled = sum(
+        st.label is not None and len(x) > 0 for st, (x, _) in zip(styles, series, strict=True)
+    )
+    if len(same) == 1 and len(same[0]) == labelled:
+        return f"(one curve: the same for all {labelled} runs)"
+    names = "; ".join(" = ".join(str(styles[i].label) for i in g) for g in same)
+    return _wrap(f"(curves drawn over each other: {names})", 90)
 
 
 # ---- per-round curves ------------------------------------------------------------------------
@@ -234,7 +276,8 @@ def _curve_figure(
         x, y = series[i]
         _lines(ax, x, y, styles[i])
     ylabel = column_label(column)
-    _style_axes(ax, None, ylabel, title)
+    note = identical_note(series, styles)
+    _style_axes(ax, None, ylabel, f"{title}\n{note}" if note else title)
     _round_axis(ax, [x for x, _ in series])
     if accuracy:
         _accuracy_limits(ax, [y for _, y in series])
@@ -306,6 +349,9 @@ def draw_epsilon(runs: Sequence[Run], styles: Sequence[Style]):
     title = "Privacy spent per client" + at
     if skipped:
         title += f"\n({skipped} non-private run{'s' if skipped > 1 else ''} not shown)"
+    note = identical_note([r.evaluated("epsilon_max") for r in sub_runs], sub_styles)
+    if note:
+        title += f"\n{note}"
     _style_axes(ax, None, "ε spent (record-level, per client)", title)
     _round_axis(ax, [run.evaluated("epsilon_max")[0] for run in sub_runs])
     ax.set_ylim(bottom=0)
@@ -366,9 +412,9 @@ def draw_client_accuracy(runs: Sequence[Run], styles: Sequence[Style]):
         "Per-client test accuracy at the last evaluated round\n"
         "(box: quartiles, dots: clients, ◇: mean over clients)",
     )
-    allv = np.concatenate(data)
-    if allv.min() >= 0 and allv.max() <= 1:
-        ax.set_xlim(-0.02, 1.02)
+    limits = accuracy_limits(data)
+    if limits is not None:
+        ax.set_xlim(*limits)
     return fig
 
 
@@ -598,7 +644,20 @@ def draw_round_metrics(runs: Sequence[Run], styles: Sequence[Style], panels: Seq
                 _lines(ax, run.round_index[ok], y[ok], st, linestyle=_LINESTYLES[k % 4])
             if plotted and i not in drawn:
                 drawn.append(i)
-        _style_axes(ax, None, panel.ylabel, panel.title)
+        notes = [
+            identical_note(
+                [
+                    (r.round_index, r.rounds[col])
+                    if col in r.rounds
+                    else (np.empty(0), np.empty(0))
+                    for r in runs
+                ],
+                styles,
+            )
+            for col in panel.columns
+        ]
+        note = next((n for n in notes if n), "")
+        _style_axes(ax, None, panel.ylabel, f"{panel.title}\n{note}" if note else panel.title)
         _round_axis(ax, xs)
         ax.title.set_fontsize(11)
         if panel.log_ok and _maybe_log(ax, values, ratio=100):

@@ -18,15 +18,21 @@ stop weak trials at its rungs; round numbers are Tune's time unit.
 
 An interrupted sweep resumes with `raydpfl tune --resume SWEEP_DIR`: finished trials
 are kept, unfinished ones restart, and a trial with a checkpoint continues from it
-(the run directory's own checkpoint/resume, so it ends with the same model).
+(the run directory's own checkpoint/resume, so it ends with the same model). Ctrl-C or
+SIGTERM stops a sweep through Tune's own graceful stop (`interrupt`): its state is saved,
+the table is written with each trial's status (`status.sweep_status`), and
+sweep_summary.json records the signal under "interrupted".
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import shlex
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -76,9 +82,9 @@ def run_sweep(
     verbose: int = 1,
 ) -> dict[str, Any]:
     """Runs (or, with `resume`, continues) the sweep; returns the sweep summary."""
-    from ray import tune
-
     from raydpfl.backends.ray.runner import connect, disconnect
+    from raydpfl.tune.interrupt import SweepInterrupt
+    from raydpfl.tune.status import LAST_SEEN
 
     sweep_dir = sweep_dir.resolve()
     if not resume:
@@ -87,33 +93,63 @@ def run_sweep(
         text = {**sweep.base_raw, "tune": sweep.tune_raw}
         (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(text, sort_keys=False), "utf-8")
         (sweep_dir / TRIALS_DIR).mkdir()
+    earlier = _read_json(sweep_dir / SUMMARY_FILE) if resume else None
+    stop = SweepInterrupt()
     started = connect(sweep.base.runtime.address)
     try:
-        trainable = _trainable(sweep, sweep_dir)
-        state = sweep_dir / TUNE_DIR / TUNE_NAME
-        if resume:
-            if not tune.Tuner.can_restore(str(state)):
-                raise ConfigError("resume", f"{sweep_dir} holds no Ray Tune state to resume")
-            tuner = tune.Tuner.restore(
-                str(state), trainable, resume_unfinished=True, resume_errored=True
-            )
-        else:
-            tuner = tune.Tuner(
-                trainable,
-                param_space=param_space(sweep.spec),
-                tune_config=_tune_config(sweep),
-                run_config=tune.RunConfig(
-                    name=TUNE_NAME,
-                    storage_path=str(sweep_dir / TUNE_DIR),
-                    verbose=verbose,
-                    failure_config=tune.FailureConfig(max_failures=0),
-                ),
-            )
-        grid = tuner.fit()
-        return finish_sweep(sweep, sweep_dir, grid)
+        # Ctrl-C/SIGTERM from here on: Tune's graceful stop. Not earlier: starting Ray
+        # would put its own SIGTERM handler over ours.
+        with stop, _silent_output(verbose == 0):
+            tuner = _tuner(sweep, sweep_dir, resume, verbose)
+            LAST_SEEN.clear()
+            grid = tuner.fit()
+        return finish_sweep(sweep, sweep_dir, grid, stop.record(), earlier)
     finally:
         if started:
             disconnect()
+
+
+@contextlib.contextmanager
+def _silent_output(silent: bool) -> Iterator[None]:
+    """With `silent` (--quiet), Tune prints nothing: its new output engine prints its
+    experiment header and paths even at verbose=0, its legacy one does not (Ray 2.60)."""
+    if not silent or "RAY_AIR_NEW_OUTPUT" in os.environ:
+        yield
+        return
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # read when fit() starts
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+
+
+def _tuner(sweep: Sweep, sweep_dir: Path, resume: bool, verbose: int) -> Any:
+    """Tune's experiment: restored from the sweep directory, or new."""
+    from ray import tune
+
+    from raydpfl.tune.status import TrialStatusRecorder
+
+    trainable = _trainable(sweep, sweep_dir)
+    state = sweep_dir / TUNE_DIR / TUNE_NAME
+    if resume and tune.Tuner.can_restore(str(state)):
+        return tune.Tuner.restore(
+            str(state), trainable, resume_unfinished=True, resume_errored=True
+        )
+    if resume and any((sweep_dir / TRIALS_DIR).iterdir()):
+        raise ConfigError("resume", f"{sweep_dir} holds no Ray Tune state to resume")
+    # New, or interrupted before Tune saved anything (while Ray was starting): start over.
+    return tune.Tuner(
+        trainable,
+        param_space=param_space(sweep.spec),
+        tune_config=_tune_config(sweep),
+        run_config=tune.RunConfig(
+            name=TUNE_NAME,
+            storage_path=str(sweep_dir / TUNE_DIR),
+            verbose=verbose,
+            failure_config=tune.FailureConfig(max_failures=0),
+            callbacks=[TrialStatusRecorder()],
+        ),
+    )
 
 
 def resume_sweep(sweep_dir: Path, verbose: int = 1) -> dict[str, Any]:
@@ -300,10 +336,22 @@ def _set_aside(run_dir: Path) -> None:
 
 
 # ---- results ------------------------------------------------------------------------------
-def finish_sweep(sweep: Sweep, sweep_dir: Path, grid: Any) -> dict[str, Any]:
-    """Writes results.parquet, best_config.yaml and sweep_summary.json."""
+def finish_sweep(
+    sweep: Sweep,
+    sweep_dir: Path,
+    grid: Any,
+    interrupted: dict[str, Any] | None = None,
+    earlier: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Writes results.parquet, best_config.yaml and sweep_summary.json.
+
+    `interrupted` (the signal that stopped the sweep) goes into the summary with the
+    command that continues it; `earlier` is the summary an interrupted run of this sweep
+    left, whose interruptions the new summary keeps.
+    """
     spec = sweep.spec
-    rows = [_trial_row(sweep, sweep_dir, result) for result in grid]
+    rows = [_trial_row(sweep, sweep_dir, result, interrupted is not None) for result in grid]
+    planned = spec.num_trials()
     rows.sort(key=lambda r: r["trial_id"])
     _write_results(sweep_dir / RESULTS_FILE, rows, spec)
     scored = [r for r in rows if r["metric_last"] is not None]
@@ -323,6 +371,11 @@ def finish_sweep(sweep: Sweep, sweep_dir: Path, grid: Any) -> dict[str, Any]:
         "trials_completed": sum(r["status"] == "completed" for r in rows),
         "trials_stopped_early": sum(r["status"] == "stopped_early" for r in rows),
         "trials_failed": sum(r["status"] == "error" for r in rows),
+        "trials_interrupted": sum(r["status"] == "interrupted" for r in rows),
+        # Also the trials Tune had not created yet (it creates them as slots free up).
+        "trials_not_started": sum(r["status"] == "not_started" for r in rows)
+        + max(0, planned - len(rows)),
+        "trials_planned": planned,
         "scheduler": spec.scheduler.kind,
         "search": spec.search,
         "best_trial": None if best is None else best["trial_id"],
@@ -342,13 +395,27 @@ def finish_sweep(sweep: Sweep, sweep_dir: Path, grid: Any) -> dict[str, Any]:
             if base.data.pool == "train" and base.data.dataset != "synthetic"
             else "the metric is computed on the clients' held-out records (unaccounted)"
         )
+    past = list((earlier or {}).get("earlier_interruptions", []))
+    if earlier and earlier.get("interrupted"):
+        past.append(earlier["interrupted"])
+    if past:
+        summary["earlier_interruptions"] = past
+    if interrupted is not None:
+        summary["interrupted"] = {**interrupted, "resume": resume_command(sweep_dir)}
     (sweep_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str), "utf-8")
     summary["sweep_dir"] = str(sweep_dir)
     summary["rows"] = rows
     return summary
 
 
-def _trial_row(sweep: Sweep, sweep_dir: Path, result: Any) -> dict[str, Any]:
+def resume_command(sweep_dir: Path) -> str:
+    """The exact command that continues the sweep in `sweep_dir`."""
+    return f"raydpfl tune --resume {shlex.quote(str(sweep_dir))}"
+
+
+def _trial_row(sweep: Sweep, sweep_dir: Path, result: Any, interrupted: bool) -> dict[str, Any]:
+    from raydpfl.tune.status import LAST_SEEN, sweep_status
+
     spec = sweep.spec
     metrics = dict(result.metrics or {})
     trial_id = metrics.get("trial_id") or Path(result.path).name
@@ -357,12 +424,13 @@ def _trial_row(sweep: Sweep, sweep_dir: Path, result: Any) -> dict[str, Any]:
     rounds = _read_rounds(run_dir)
     summary = _read_json(run_dir / "summary.json")
     planned = sweep.trial_config(params).experiment.algorithm.rounds
-    if result.error is not None:
-        status = "error"
-    elif summary is not None:
-        status = "completed"
-    else:
-        status = "stopped_early"
+    status = sweep_status(
+        LAST_SEEN.get(trial_id),
+        error=result.error is not None,
+        completed=summary is not None,
+        ran=bool(rounds) or has_checkpoint(run_dir),
+        interrupted=interrupted,
+    )
     values = [
         float(v)
         for v in (r.get(spec.metric) for r in rounds)

@@ -21,6 +21,8 @@ FAST = [
 ]
 
 
+@pytest.mark.slow  # quickstart's backend is Ray: ~30 s of Ray start-up on 2 cores
+@pytest.mark.ray
 def test_run_writes_a_run_directory_and_reports_spent_epsilon(tmp_path, capsys):
     out = tmp_path / "run"
 

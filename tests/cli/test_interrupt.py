@@ -58,6 +58,7 @@ def _rounds_written(run_dir: Path) -> int:
         return 0
 
 
+@pytest.mark.slow  # two runs and a resume per signal: ~25 s each on 2 cores
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_an_interrupted_run_says_how_to_resume_and_the_command_works(tmp_path, sig, code):
     config = tmp_path / "config.yaml"
@@ -92,3 +93,33 @@ def test_an_interrupted_run_says_how_to_resume_and_the_command_works(tmp_path, s
         resumed["model_sha256"]
         == json.loads((reference / "summary.json").read_text())["model_sha256"]
     )
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_sigterm_on_the_ray_backend_is_an_orderly_stop(tmp_path):
+    # ray.init installs a C++ SIGTERM handler that aborts the driver (exit 134, a stack
+    # dump, no resume command); connect() puts the CLI's handler back.
+    raw = json.loads(json.dumps(RAW))
+    raw["runtime"].update({"backend": "ray", "workers": 1, "cpus_per_worker": 1})
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "run", str(config), "--out", str(run_dir)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while _rounds_written(run_dir) < 2 and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    assert child.poll() is None, "the run finished before it could be interrupted"
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+
+    assert child.returncode == 143, err[-3000:]
+    assert "SIGTERM received" not in err  # Ray's abort handler did not run
+    assert err.strip().splitlines()[-1].endswith(f"raydpfl run --resume {run_dir}")
+    for noise in ("Token authentication is enabled", "max_restarts > 0"):
+        assert noise not in err  # Ray's notices stay in its log files

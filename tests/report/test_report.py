@@ -608,3 +608,48 @@ def test_load_run_reads_numeric_columns_as_floats(tmp_path):
     assert math.isnan(run.rounds["test_accuracy"][0])
     assert run.evaluated()[0].tolist() == [2.0, 4.0]
     assert run.clients is not None and run.clients["round"].size == 20
+
+
+def test_curves_drawn_over_each_other_are_named_in_the_title(tmp_path):
+    # Same ε schedule (make_run's ε does not depend on the seed), different accuracy.
+    make_run(tmp_path / "a", seed=0, lr=0.5)
+    make_run(tmp_path / "b", seed=1, lr=0.1, acc_offset=0.05)
+    make_run(tmp_path / "c", seed=2, lr=0.2, acc_offset=-0.05)
+
+    figures = drawn(draw_figures([tmp_path / "a", tmp_path / "b", tmp_path / "c"]))
+
+    (eps_ax,) = visible_axes(figures["epsilon.png"])
+    assert "the same for all 3 runs" in eps_ax.get_title()
+    (acc_ax,) = visible_axes(figures["accuracy.png"])
+    assert "\n" not in acc_ax.get_title()  # distinct curves: no note
+
+
+def test_identical_note_names_only_the_runs_that_coincide():
+    from raydpfl.report.plots import Style, identical_note
+
+    x = np.arange(1, 4)
+    series = [(x, np.array([1.0, 2, 3])), (x, np.array([1.0, 2, 3])), (x, np.array([3.0, 2, 1]))]
+    styles = [Style("C0", "lr=0.5"), Style("C1", "lr=0.1"), Style("C2", "lr=0.2")]
+
+    assert identical_note(series, styles) == "(curves drawn over each other: lr=0.5 = lr=0.1)"
+    assert identical_note(series[1:], styles[1:]) == ""
+
+
+def test_client_accuracy_axis_zooms_on_the_range_the_clients_reach(tmp_path):
+    make_run(tmp_path / "a")
+    clients = pd.read_parquet(tmp_path / "a" / "clients.parquet")
+    clients["test_accuracy"] = np.linspace(0.86, 0.96, len(clients))
+    clients.to_parquet(tmp_path / "a" / "clients.parquet")
+
+    (ax,) = visible_axes(drawn(draw_figures([tmp_path / "a"]))["client_accuracy.png"])
+
+    lo, hi = ax.get_xlim()
+    assert 0.7 <= lo < 0.86 and 0.96 < hi <= 1.02  # not 0..1 with the boxes in a corner
+
+
+def test_accuracy_limits_keep_fractions_in_range_and_leave_other_values_alone():
+    from raydpfl.report.plots import accuracy_limits
+
+    assert accuracy_limits([np.array([0.0, 0.02])]) == pytest.approx((-0.02, 0.08))
+    assert accuracy_limits([np.array([0.93, 0.999])]) == pytest.approx((0.85, 1.02))
+    assert accuracy_limits([np.array([12.0, 40.0])]) is None  # percentages: untouched

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import small_config
+from tests.conftest import small_config
 
 from raydpfl.cli.main import main
 from raydpfl.config import ConfigError

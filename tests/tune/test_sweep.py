@@ -77,6 +77,7 @@ def _tune(*args: str, timeout: float = 420) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a real Ray Tune sweep: minutes on 2 cores
 @pytest.mark.ray
 def test_asha_sweep_writes_its_table_best_config_and_privacy_of_selection(tmp_path):
     path = _write(
@@ -120,6 +121,7 @@ def test_asha_sweep_writes_its_table_best_config_and_privacy_of_selection(tmp_pa
     assert "best trial:" in done.stdout or "best:" in done.stdout
 
 
+@pytest.mark.slow  # a real Ray Tune sweep: minutes on 2 cores
 @pytest.mark.ray
 def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_models(tmp_path):
     tune = {

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,10 @@ def connect(address: str | None) -> bool:
     """
     if ray.is_initialized():
         return False
+    # ray.init puts a C++ SIGTERM handler in place of Python's, which aborts the process
+    # (printing a stack) instead of letting the CLI stop in order (exit 143, the resume
+    # command): a Python handler installed before is put back afterwards.
+    sigterm = signal.getsignal(signal.SIGTERM)
     if address in (None, "local"):
         from raydpfl.backends.ray.loopback import LOOPBACK, loopback_only
 
@@ -128,6 +134,8 @@ def connect(address: str | None) -> bool:
         _reaper = start_reaper(os.getpid(), descendants(os.getpid()))
     else:
         ray.init(address=address, logging_level="WARNING")
+    if callable(sigterm) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, sigterm)
     return True
 
 

@@ -1,0 +1,53 @@
+"""`raydpfl validate` prints the sections a run reads, not every paper's options."""
+
+from pathlib import Path
+
+import yaml
+
+from raydpfl.cli.main import main
+from raydpfl.config.load import config_from_dict, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def _printed(capsys, *argv: str) -> tuple[dict, str]:
+    assert main(["validate", str(QUICKSTART), *argv]) == 0
+    out = capsys.readouterr().out
+    return yaml.safe_load(out), out
+
+
+def test_validate_shows_only_the_chosen_algorithms_block_and_loads_back(capsys):
+    tree, out = _printed(capsys)
+
+    algorithm = tree["experiment"]["algorithm"]
+    assert not {"ali_dpfl", "pe_dpfl", "adap_dp_fl", "fedfdp", "dpfl_bcs", "rc_dpfl"} & set(
+        algorithm
+    )
+    assert "synthetic" in tree["experiment"]["data"]  # quickstart's dataset is synthetic
+    assert "cluster_shift" not in tree["experiment"]["data"]
+    assert len(out.splitlines()) < 80
+    assert "--all prints them" in out.splitlines()[-1]
+    # Only default sections are dropped, so the printed YAML is the same config.
+    assert config_from_dict(tree) == load_config(QUICKSTART)
+
+
+def test_validate_keeps_the_block_of_the_algorithm_in_use(capsys):
+    tree, _ = _printed(capsys, "--set", "algorithm.name=ali_dpfl")
+
+    algorithm = tree["experiment"]["algorithm"]
+    assert "ali_dpfl" in algorithm and "fedfdp" not in algorithm
+
+
+def test_validate_shows_an_unused_block_the_user_changed(capsys):
+    tree, _ = _printed(capsys, "--set", "algorithm.fedfdp.lam=0.5")
+
+    assert tree["experiment"]["algorithm"]["fedfdp"]["lam"] == 0.5
+
+
+def test_validate_all_prints_every_section(capsys):
+    tree, out = _printed(capsys, "--all")
+
+    assert {"ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl"} <= set(tree["experiment"]["algorithm"])
+    assert "cluster_shift" in tree["experiment"]["data"]
+    assert "not shown" not in out
