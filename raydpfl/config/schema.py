@@ -8,6 +8,7 @@ built; a violation raises `ConfigError` naming the dotted field and what is allo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -53,7 +54,16 @@ _CORE_DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "digits")
 #: torch); `raydpfl.registry` adds the user's and third-party packages' own.
 BUILTIN_DATASETS: tuple[str, ...] = _CORE_DATASETS + BCS_DATASETS
 DatasetName = Literal[BUILTIN_DATASETS]  # type: ignore[valid-type]
-PartitionKind = Literal["iid", "dirichlet", "dirichlet_capped", "shards"]
+PartitionKind = Literal[
+    "iid",
+    "dirichlet",
+    "dirichlet_capped",
+    "shards",
+    "natural",
+    "k_classes",
+    "size_skew",
+    "dirichlet_sizes",
+]
 CORE_ALGORITHMS = (
     "fedavg",
     "dp_fedavg",
@@ -81,16 +91,39 @@ class PartitionConfig:
     """How a centralised dataset is split over clients (ignored for `synthetic`)."""
 
     # iid; dirichlet (label skew, Dir(alpha)); dirichlet_capped (PFLlib's: a client stops
-    # receiving classes once it holds |D|/N records); shards (shards_per_client label shards).
+    # receiving classes once it holds |D|/N records); shards (shards_per_client label shards);
+    # natural (one client per natural id, e.g. a FEMNIST writer; fewer clients than ids: a
+    # random subset of the ids); k_classes (exactly classes_per_client labels per client);
+    # size_skew (IID labels, sizes from size_distribution); dirichlet_sizes (Dir(alpha)
+    # labels per client and sizes from size_distribution).
     kind: PartitionKind = "dirichlet"
     alpha: float = 0.5  # Dirichlet concentration; 0.5 is W1's (workloads.md)
     shards_per_client: int = 2  # McMahan et al. 2017's pathological split
-    min_samples_per_client: int = 2  # fewest records per client (Dirichlet redraws until met)
+    # fewest records per client (Dirichlet, k_classes redraw until met; natural: an id
+    # with fewer records gets no client; size partitions: the size floor)
+    min_samples_per_client: int = 2
+    classes_per_client: int = 2  # k_classes: the k labels every client holds
+    # size_skew, dirichlet_sizes: client sizes ∝ lognormal (log-size std size_sigma) or
+    # power_law (Pareto with shape power_law_exponent; log-size std 1/exponent) weights.
+    size_distribution: Literal["lognormal", "power_law"] = "lognormal"
+    size_sigma: float = 1.0  # lognormal: standard deviation of the log client sizes
+    power_law_exponent: float = 2.0  # power_law: Pareto shape a; P(size weight > t) = t^-a
 
     def __post_init__(self) -> None:
         _check(self.alpha > 0, "alpha", f"must be > 0, got {self.alpha}")
         _check(self.shards_per_client >= 1, "shards_per_client", "must be >= 1")
         _check(self.min_samples_per_client >= 1, "min_samples_per_client", "must be >= 1")
+        _check(
+            self.classes_per_client >= 1,
+            "classes_per_client",
+            f"must be >= 1, got {self.classes_per_client}",
+        )
+        _check(self.size_sigma > 0, "size_sigma", f"must be > 0, got {self.size_sigma}")
+        _check(
+            self.power_law_exponent > 0,
+            "power_law_exponent",
+            f"must be > 0, got {self.power_law_exponent}",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,10 +152,50 @@ class SyntheticConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Cifar100Options:
+    """``experiment.data.options`` of ``cifar100`` (the binary version)."""
+
+    labels: Literal["fine", "coarse"] = "fine"  # 100 fine classes or 20 coarse superclasses
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageFolderOptions:
+    """``experiment.data.options`` of ``image_folder`` (``data.root``: the folder)."""
+
+    size: int = 32  # every image is resized to size x size pixels
+    grayscale: bool = False  # one channel instead of RGB
+    test_fraction: float = 0.2  # held out per class when root has no train/ and test/
+
+    def __post_init__(self) -> None:
+        _check(self.size >= 1, "size", f"must be >= 1, got {self.size}")
+        _check(
+            0 <= self.test_fraction < 1,
+            "test_fraction",
+            f"must be in [0, 1), got {self.test_fraction}",
+        )
+
+
+#: Datasets read from files the user brings (`raydpfl.data.readers`): registered in the
+#: one registry, their loaders named by "module:function" (imported when first loaded)
+#: and their `experiment.data.options` checked against these dataclasses.
+READER_DATASETS: dict[str, tuple[str, type | None]] = {
+    "cifar100": ("raydpfl.data.readers:load_cifar100", Cifar100Options),
+    "femnist": ("raydpfl.data.readers:load_femnist", None),
+    "shakespeare": ("raydpfl.data.readers:load_shakespeare", None),
+    "image_folder": ("raydpfl.data.readers:load_image_folder", ImageFolderOptions),
+}
+for _name, (_target, _options) in READER_DATASETS.items():
+    with contextlib.suppress(registry.RegistryError):  # a user's registration stands
+        registry.register("dataset", _name, _target, options=_options)
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """The federated dataset."""
 
-    dataset: str = "synthetic"  # a built-in name, or one registered as a dataset
+    # a built-in name, a file reader (cifar100, femnist, shakespeare, image_folder; options
+    # in `options`), or one registered as a dataset
+    dataset: str = "synthetic"
     root: str | None = None  # where dataset files live; default $RAYDPFL_DATA or ~/.cache
     num_clients: int = 100  # clients the dataset is partitioned over
     partition: PartitionConfig = field(default_factory=PartitionConfig)

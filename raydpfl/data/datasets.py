@@ -137,6 +137,12 @@ class ArrayDataset:
         num_classes: Number of classes; labels lie in [0, num_classes). 1 for regression
             (the model's single output).
         input_shape: Shape of one example, e.g. (1, 28, 28).
+        client_ids: Optional int64 natural client id of every train record, shape (N,)
+            (e.g. a LEAF FEMNIST writer), used by the `natural` partition; None when the
+            data has no natural clients.
+        client_ids_test: Optional int64 natural client id of every test record, shape
+            (M,) (the `natural` partition of `pool="all"` needs it).
+        client_names: Optional name of each natural id (id i is `client_names[i]`).
     """
 
     name: str
@@ -146,6 +152,27 @@ class ArrayDataset:
     y_test: np.ndarray
     num_classes: int
     input_shape: tuple[int, ...]
+    client_ids: np.ndarray | None = None
+    client_ids_test: np.ndarray | None = None
+    client_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for ids, labels, field_name in (
+            (self.client_ids, self.y_train, "client_ids"),
+            (self.client_ids_test, self.y_test, "client_ids_test"),
+        ):
+            if ids is None:
+                continue
+            array = np.asarray(ids)
+            if array.shape != (len(labels),) or not (
+                np.issubdtype(array.dtype, np.integer) or array.size == 0
+            ):
+                raise ValueError(
+                    f"{self.name}: {field_name} must be a 1-D integer array with one id per "
+                    f"record ({len(labels)}), got shape {array.shape} dtype {array.dtype}"
+                )
+            if array.size and array.min() < 0:
+                raise ValueError(f"{self.name}: {field_name} must be >= 0")
 
 
 # --------------------------------------------------------------------------- readers

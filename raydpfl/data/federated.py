@@ -19,11 +19,26 @@ from raydpfl.data.partition import (
     partition_stats,
     split_train_test,
 )
+from raydpfl.data.partition_more import (
+    partition_dirichlet_sizes,
+    partition_k_classes,
+    partition_natural,
+    partition_size_skew,
+)
 from raydpfl.data.synthetic import make_synthetic
 
 __all__ = ["FederatedDataset", "federate", "synthetic_federated"]
 
-_PARTITIONS = ("iid", "dirichlet", "dirichlet_capped", "shards")
+_PARTITIONS = (
+    "iid",
+    "dirichlet",
+    "dirichlet_capped",
+    "shards",
+    "natural",
+    "k_classes",
+    "size_skew",
+    "dirichlet_sizes",
+)
 _POOLS = ("train", "all")
 _SPLITS = ("train", "test")
 
@@ -117,6 +132,10 @@ def federate(
     min_samples_per_client: int | None = None,
     pool: str = "train",
     split_rounding: str = "nearest",
+    classes_per_client: int = 2,
+    size_distribution: str = "lognormal",
+    size_sigma: float = 1.0,
+    power_law_exponent: float = 2.0,
 ) -> FederatedDataset:
     """Partitions a centralised dataset among clients.
 
@@ -139,16 +158,24 @@ def federate(
         dataset: The centralised dataset.
         num_clients: Number of clients; in [1, pool size].
         partition: "iid", "dirichlet", "dirichlet_capped" (PFLlib's Dirichlet with a
-            size cap, `partition_dirichlet_capped`) or "shards".
+            size cap, `partition_dirichlet_capped`), "shards", or (see
+            `raydpfl.data.partition_more`) "natural" (one client per natural id; needs
+            `dataset.client_ids`, and `client_ids_test` with pool="all"), "k_classes",
+            "size_skew" or "dirichlet_sizes".
         rng: Source of randomness for both the partition and the local splits.
-        alpha: Dirichlet concentration (the two Dirichlet partitions only).
+        alpha: Dirichlet concentration (the Dirichlet partitions only).
         shards_per_client: Shards per client (partition="shards" only).
         client_test_fraction: Fraction of each client's share held out locally, [0, 1).
-        min_samples_per_client: Minimum client share (the two Dirichlet partitions
-            only); None uses the partitioner's default (2 for "dirichlet", PFLlib's 10
-            for "dirichlet_capped").
+        min_samples_per_client: Minimum client share (every partition but "iid" and
+            "shards"); None uses the partitioner's default (PFLlib's 10 for
+            "dirichlet_capped", 2 otherwise).
         pool: "train" or "all", as above.
         split_rounding: "nearest" or "floor_train"; see `split_train_test`.
+        classes_per_client: Labels per client (partition="k_classes" only).
+        size_distribution: "lognormal" or "power_law": the client-size law of
+            "size_skew" and "dirichlet_sizes" (see `partition_more.client_sizes`).
+        size_sigma: Standard deviation of the log sizes (lognormal).
+        power_law_exponent: Pareto shape of the sizes (power_law).
 
     Returns:
         The `FederatedDataset`.
@@ -193,8 +220,20 @@ def federate(
     elif partition == "dirichlet_capped":
         minimum = 10 if min_samples_per_client is None else min_samples_per_client
         parts = partition_dirichlet_capped(y, num_clients, alpha, rng, minimum)
-    else:
+    elif partition == "shards":
         parts = partition_shards(y, num_clients, shards_per_client, rng)
+    else:
+        minimum = 2 if min_samples_per_client is None else min_samples_per_client
+        sizes = (size_distribution, size_sigma, power_law_exponent)
+        if partition == "natural":
+            ids = _natural_ids(dataset, pool)
+            parts = partition_natural(ids, num_clients, rng, minimum)
+        elif partition == "k_classes":
+            parts = partition_k_classes(y, num_clients, classes_per_client, rng, minimum)
+        elif partition == "size_skew":
+            parts = partition_size_skew(num_samples, num_clients, rng, *sizes, minimum)
+        else:
+            parts = partition_dirichlet_sizes(y, num_clients, alpha, rng, *sizes, minimum)
     train, test = split_train_test(parts, client_test_fraction, rng, rounding=split_rounding)
     if pool == "all":
         test_idx = np.concatenate(test)
@@ -212,6 +251,24 @@ def federate(
         x_test=x_test,
         y_test=y_test,
     )
+
+
+def _natural_ids(dataset: ArrayDataset, pool: str) -> np.ndarray:
+    """The natural client id of every pooled record, or a ValueError saying none exist."""
+    ids = dataset.client_ids
+    if pool == "all":
+        ids = (
+            None
+            if ids is None or dataset.client_ids_test is None
+            else np.concatenate([ids, dataset.client_ids_test])
+        )
+    if ids is None:
+        raise ValueError(
+            f"partition 'natural' needs a dataset with natural client ids (femnist, "
+            f"shakespeare, or an ArrayDataset with client_ids); {dataset.name} has none"
+            + (" for its test records (pool='all')" if dataset.client_ids is not None else "")
+        )
+    return ids
 
 
 def synthetic_federated(

@@ -252,6 +252,10 @@ def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
             min_samples_per_client=data.partition.min_samples_per_client,
             pool=data.pool,
             split_rounding=data.split_rounding,
+            classes_per_client=data.partition.classes_per_client,
+            size_distribution=data.partition.size_distribution,
+            size_sigma=data.partition.size_sigma,
+            power_law_exponent=data.partition.power_law_exponent,
         )
     except ValueError as e:
         raise ConfigError("experiment.data", str(e)) from None
