@@ -19,6 +19,21 @@ Distributed noise (``noise: distributed``, fixed-size sampling only): each clien
 N(0, σ²S²/K) to its clipped update and the server only sums, so the sum carries exactly
 N(0, σ²S²) as in the central variant: the same mechanism, the same ε.
 
+Adaptive clipping (``adaptive_clipping``; Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS
+2021, Algorithm 1 with the geometric update): each client also reports the bit
+b_k = 1[‖Δ_k‖ ≤ S_t]; the server releases Σ_k (b_k − ½) + N(0, σ_b²), turns it into the
+noisy unclipped fraction b̃ and sets S_{t+1} = S_t·exp(−η_C (b̃ − γ)). The two Gaussian
+releases of a round (updates: sensitivity S_t, noise z_Δ S_t; centred bits: sensitivity
+½, noise σ_b) compose to one Gaussian with noise multiplier σ when
+z_Δ = (σ⁻² − (2σ_b)⁻²)^(−½) (`update_noise_multiplier`), so the round's accounting is
+unchanged: the same `ClientLevelCost(σ)`.
+
+Server optimizers (``server_optimizer``) act on the noisy mean update Δ̄ after the
+release (post-processing, no privacy cost): ``sgd`` θ ← θ + η_s Δ̄; ``momentum``
+(DP-FedAvgM) m ← βm + Δ̄, θ ← θ + η_s m; ``adagrad``, ``adam``, ``yogi`` (FedAdagrad,
+FedAdam, FedYogi: Reddi et al., ICLR 2021, Algorithm 2) m ← β₁m + (1−β₁)Δ̄, v by each
+rule, θ ← θ + η_s m/(√v + τ).
+
 Accounting is at the population level (`raydpfl.privacy.client_level`): every round is
 charged once, before it is dispatched, to the run's `ClientLevelLedger`
 (`round_privacy_cost`); tasks declare no per-client cost. This module imports no Ray.
@@ -29,7 +44,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,12 +60,17 @@ from raydpfl.algorithms.base import (
     uniform_cohort,
 )
 from raydpfl.algorithms.fedavg import FedAvg
+from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
 from raydpfl.privacy import secure_noise
 from raydpfl.privacy.client_level import ClientLevelCost
 from raydpfl.privacy.dpsgd import gaussian_like
 
+#: The server's step on the released mean update (`server_step`).
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
 #: The purpose tag of the server's aggregate-noise stream.
 NOISE_PURPOSE = "client_level_noise"
+#: The purpose tag of the noise on the count of unclipped updates (adaptive clipping).
+COUNT_NOISE_PURPOSE = "client_level_clip_count"
 
 
 # ---- the paper's math, as small pure functions -----------------------------------------------
@@ -114,17 +134,92 @@ def dp_fedavg_update(
     return {n: global_params[n] + noisy_sum[n] / expected_cohort for n in global_params}
 
 
+def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
+    """z_Δ = (z⁻² − (2σ_b)⁻²)^(−½): the update noise multiplier that, composed with the
+    centred-bit count release (sensitivity ½, noise σ_b: multiplier 2σ_b), gives one
+    Gaussian with multiplier z (Andrew et al. 2021, §3: Gaussian multipliers compose as
+    z⁻² = z_Δ⁻² + (2σ_b)⁻²). Needs z < 2σ_b; z = 0 (no noise) gives 0."""
+    if noise_multiplier == 0:
+        return 0.0
+    if not count_stddev > noise_multiplier / 2:
+        raise ValueError(
+            f"clip_count_stddev {count_stddev:g} must exceed noise_multiplier/2 = "
+            f"{noise_multiplier / 2:g} (the count's noise alone would spend more than the "
+            "whole budget); raise it or the cohort size"
+        )
+    return (noise_multiplier**-2 - (2 * count_stddev) ** -2) ** -0.5
+
+
+def noisy_unclipped_fraction(
+    within: float, count: int, noise: float, expected_cohort: float
+) -> float:
+    """b̃ = (Σ_k (b_k − ½) + N(0, σ_b²)) / E + ½ (Andrew et al. 2021, Algorithm 1, with
+    centred bits so that one client moves the sum by at most ½); `within` = Σ_k b_k,
+    `count` the clients that reported, `noise` the Gaussian draw."""
+    return (within - 0.5 * count + noise) / expected_cohort + 0.5
+
+
+def geometric_clip_update(
+    clip_norm: float, unclipped_fraction: float, target_quantile: float, clip_lr: float
+) -> float:
+    """S_{t+1} = S_t · exp(−η_C (b̃ − γ)) (Andrew et al. 2021, Eq. for the geometric
+    update): S shrinks when more than the target fraction γ of updates were unclipped."""
+    return clip_norm * math.exp(-clip_lr * (unclipped_fraction - target_quantile))
+
+
+def server_step(
+    global_params: Mapping[str, torch.Tensor],
+    mean_update: Mapping[str, torch.Tensor],
+    state: dict[str, dict[str, torch.Tensor]],
+    *,
+    optimizer: str,
+    lr: float,
+    momentum: float = 0.9,
+    beta2: float = 0.99,
+    eps: float = 1e-3,
+) -> dict[str, torch.Tensor]:
+    """θ' from θ and the noisy mean update Δ̄ (post-processing; `state` holds ``m`` and
+    ``v`` and is updated in place). ``sgd``: θ + η_s Δ̄. ``momentum``: m ← βm + Δ̄,
+    θ + η_s m. Reddi et al. 2021, Algorithm 2: m ← β₁m + (1−β₁)Δ̄ and θ + η_s m/(√v + τ)
+    with ``adagrad`` v ← v + Δ̄², ``adam`` v ← β₂v + (1−β₂)Δ̄², ``yogi``
+    v ← v − (1−β₂)Δ̄² sign(v − Δ̄²)."""
+    if optimizer == "sgd":
+        if lr == 1.0:  # plain DP-FedAvg: exactly θ + Δ̄
+            return {n: global_params[n] + mean_update[n] for n in global_params}
+        return {n: global_params[n] + lr * mean_update[n] for n in global_params}
+    m = state.setdefault("m", {n: torch.zeros_like(t) for n, t in mean_update.items()})
+    if optimizer == "momentum":
+        for n, d in mean_update.items():
+            m[n].mul_(momentum).add_(d)
+        return {n: global_params[n] + lr * m[n] for n in global_params}
+    if optimizer in ("adagrad", "adam", "yogi"):
+        v = state.setdefault("v", {n: torch.zeros_like(t) for n, t in mean_update.items()})
+        for n, d in mean_update.items():
+            m[n].mul_(momentum).add_(d, alpha=1 - momentum)
+            square = d * d
+            if optimizer == "adagrad":
+                v[n].add_(square)
+            elif optimizer == "adam":
+                v[n].mul_(beta2).add_(square, alpha=1 - beta2)
+            else:
+                v[n].sub_(square * torch.sign(v[n] - square), alpha=1 - beta2)
+        return {n: global_params[n] + lr * m[n] / (v[n].sqrt() + eps) for n in global_params}
+    raise ValueError(f"server_optimizer must be one of {SERVER_OPTIMIZERS}, got {optimizer!r}")
+
+
 def poisson_cohort(uniforms: np.ndarray, rate: float) -> list[int]:
     """Clients whose uniform draw falls below q: each independently with probability q."""
     return [int(c) for c in np.flatnonzero(np.asarray(uniforms) < rate)]
 
 
-def noise_generator(seed: int, round_idx: int, secure: bool = False) -> torch.Generator:
-    """The aggregate noise's stream for (run seed, round): independent of the workers and
-    of the order clients ran; a `SecureGenerator` in secure-noise mode."""
+def noise_generator(
+    seed: int, round_idx: int, secure: bool = False, purpose: str = NOISE_PURPOSE
+) -> torch.Generator:
+    """The server noise's stream for (run seed, round, purpose): independent of the workers
+    and of the order clients ran; a `SecureGenerator` in secure-noise mode."""
     if secure:
         return secure_noise.SecureGenerator()
-    tag = zlib.crc32(NOISE_PURPOSE.encode("utf-8"))
+    tag = zlib.crc32(purpose.encode("utf-8"))
     seq = np.random.SeedSequence([int(seed), round_idx + 1, 0, tag])
     gen = torch.Generator()
     gen.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1)))
@@ -147,6 +242,10 @@ class DPFedAvgClientLevel(Algorithm):
         noise: ``central`` (the server adds N(0, σ²S²)) or ``distributed`` (each client
             adds N(0, σ²S²/K); fixed-size sampling only).
         seed: The run seed (the aggregate noise's stream).
+        adaptive_clipping, target_quantile, clip_lr, clip_count_stddev: Andrew et al.
+            2021 (γ, η_C, σ_b; σ_b None = 0.05·E); `clip_norm` is then S's start value.
+        server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps:
+            the server's step on the noisy mean update (`server_step`).
     """
 
     name = "dp_fedavg_client"
@@ -169,6 +268,15 @@ class DPFedAvgClientLevel(Algorithm):
         clipping: str = "flat",
         noise: str = "central",
         seed: int = 0,
+        adaptive_clipping: bool = False,
+        target_quantile: float = 0.5,
+        clip_lr: float = 0.2,
+        clip_count_stddev: float | None = None,
+        server_optimizer: str = "sgd",
+        server_lr: float = 1.0,
+        server_momentum: float = 0.9,
+        server_beta2: float = 0.99,
+        server_adam_eps: float = 1e-3,
     ) -> None:
         if not clip_norm > 0:
             raise ValueError(f"clip_norm (S) must be > 0, got {clip_norm}")
@@ -196,6 +304,34 @@ class DPFedAvgClientLevel(Algorithm):
         self.seed = int(seed)
         self.noise_calibrated = False  # set by the builder when σ came from the budget
         self._round = 0
+        if server_optimizer not in SERVER_OPTIMIZERS:
+            raise ValueError(
+                f"server_optimizer must be one of {SERVER_OPTIMIZERS}, got {server_optimizer!r}"
+            )
+        if adaptive_clipping and noise != "central":
+            raise ValueError("adaptive clipping needs central noise")
+        self.adaptive_clipping = bool(adaptive_clipping)
+        self.target_quantile = float(target_quantile)
+        self.clip_lr = float(clip_lr)
+        self.clip_count_stddev = (
+            float(clip_count_stddev)
+            if clip_count_stddev is not None
+            else 0.05 * self.cost.expected_cohort
+        )
+        # z_Δ: σ itself without adaptive clipping; larger with it (the count takes a share).
+        self.update_noise_multiplier = (
+            update_noise_multiplier(self.noise_multiplier, self.clip_count_stddev)
+            if self.adaptive_clipping
+            else self.noise_multiplier
+        )
+        self.current_clip_norm = self.clip_norm  # S_t (moves with adaptive clipping)
+        self.server_optimizer = server_optimizer
+        self.server_lr = float(server_lr)
+        self.server_momentum = float(server_momentum)
+        self.server_beta2 = float(server_beta2)
+        self.server_adam_eps = float(server_adam_eps)
+        self._server_state: dict[str, dict[str, torch.Tensor]] = {}
+        self._round_clip: dict[str, float] = {}
 
     @property
     def expected_cohort(self) -> float:
@@ -233,6 +369,9 @@ class DPFedAvgClientLevel(Algorithm):
                 local_steps=self.local_steps,
                 lr=self.lr,
                 batch_size=self.batch_size,
+                # S_t: the round's bound (it moves with adaptive clipping); the task carries
+                # it because the workers' copy of this object is the one built at start.
+                clip_norm=self.current_clip_norm,
             )
             for c in cohort
         ]
@@ -247,14 +386,74 @@ class DPFedAvgClientLevel(Algorithm):
             summed = {n: torch.zeros_like(t) for n, t in global_params.items()}
         else:
             summed = {n: total.total[n].to(global_params[n].device) for n in global_params}
+        secure = bool(getattr(self, "secure_noise", False))
+        clip = self.current_clip_norm
         if self.noise == "central":
-            gen = noise_generator(
-                self.seed, self._round, bool(getattr(self, "secure_noise", False))
-            )
+            gen = noise_generator(self.seed, self._round, secure)
             summed = add_aggregate_noise(
-                summed, aggregate_noise_std(self.noise_multiplier, self.clip_norm), gen
+                summed, aggregate_noise_std(self.update_noise_multiplier, clip), gen
             )
-        return dp_fedavg_update(global_params, summed, self.expected_cohort)
+        if self.adaptive_clipping:
+            self._adapt_clip_norm(total, secure)
+        if self.server_optimizer == "sgd" and self.server_lr == 1.0:
+            return dp_fedavg_update(global_params, summed, self.expected_cohort)
+        mean = {n: summed[n] / self.expected_cohort for n in global_params}
+        return server_step(
+            global_params,
+            mean,
+            self._server_state,
+            optimizer=self.server_optimizer,
+            lr=self.server_lr,
+            momentum=self.server_momentum,
+            beta2=self.server_beta2,
+            eps=self.server_adam_eps,
+        )
+
+    def _adapt_clip_norm(self, total: WeightedUpdateSum, secure: bool) -> None:
+        """Releases the noisy unclipped fraction and moves S (Andrew et al. 2021)."""
+        within = float(total.metric_sums.get("update_within_clip", 0.0))
+        gen = noise_generator(self.seed, self._round, secure, COUNT_NOISE_PURPOSE)
+        draw = gaussian_like(torch.zeros(1, dtype=torch.float64), self.clip_count_stddev, gen)
+        fraction = noisy_unclipped_fraction(
+            within, total.count, float(draw[0]), self.expected_cohort
+        )
+        used = self.current_clip_norm
+        self.current_clip_norm = geometric_clip_update(
+            used, fraction, self.target_quantile, self.clip_lr
+        )
+        self._round_clip = {
+            "update_clip_norm": used,
+            "noisy_unclipped_fraction": fraction,
+            "next_update_clip_norm": self.current_clip_norm,
+        }
+
+    def after_round(
+        self, round_idx: int, metrics: Mapping[str, float], followups: Sequence = ()
+    ) -> dict[str, float]:
+        """The round's S (and, with adaptive clipping, its noisy unclipped fraction and
+        the next S: released values, derived from the noisy count)."""
+        out = dict(self._round_clip) or {"update_clip_norm": self.current_clip_norm}
+        self._round_clip = {}
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"current_clip_norm": self.current_clip_norm}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.current_clip_norm = float(state.get("current_clip_norm", self.clip_norm))
+
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for field, params in sorted(self._server_state.items()):
+            out.update(pack_tensors(f"server_{field}", params))
+        return out
+
+    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        shared, _ = unpack_tensor_state(tensors, shared=("server_m", "server_v"))
+        self._server_state = {
+            field.removeprefix("server_"): {n: t.clone() for n, t in params.items()}
+            for field, params in shared.items()
+        }
 
     def unaccounted_releases(self) -> list[str]:
         out = [
@@ -264,8 +463,8 @@ class DPFedAvgClientLevel(Algorithm):
             else "client_updates_to_server (each sampled client's clipped update carries only "
             "its 1/K share of the noise; the guarantee covers the summed release)",
             "cohort_sizes (clients_trained per round in rounds.parquet)",
-            "client_training_metrics (mean pre-clip update norm, clipped fraction and local "
-            "training loss over the round's clients, in rounds.parquet)",
+            "client_training_metrics (mean pre-clip update norm, clipped and unclipped "
+            "fractions and local training loss over the round's clients, in rounds.parquet)",
         ]
         return out
 
@@ -277,7 +476,8 @@ class DPFedAvgClientLevel(Algorithm):
         add this client's N(0, σ²S²/K) share from its own stream)."""
         trained = FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
         norm = update_norm(trained.update)
-        update = clip_update(trained.update, self.clip_norm, self.clipping == "per_layer")
+        clip = task.clip_norm if task.clip_norm is not None else self.clip_norm
+        update = clip_update(trained.update, clip, self.clipping == "per_layer")
         if self.noise == "distributed":
             assert self.cohort_size is not None
             std = distributed_noise_std(self.noise_multiplier, self.clip_norm, self.cohort_size)
@@ -290,6 +490,9 @@ class DPFedAvgClientLevel(Algorithm):
             metrics={
                 "train_loss": trained.metrics.get("train_loss", float("nan")),
                 "update_norm": norm,
-                "update_clipped": float(norm > self.clip_norm),
+                "update_clipped": float(norm > clip),
+                # b_k of adaptive clipping: summed (exactly: 0/1 floats) with the updates;
+                # only its noisy sum is used (its mean in rounds.parquet is a diagnostic).
+                "update_within_clip": float(norm <= clip),
             },
         )

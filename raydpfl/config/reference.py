@@ -241,9 +241,33 @@ def _anchor(path: str) -> str:
     return "".join(c for c in path.lower() if c.isalnum() or c in "-_ ").replace(" ", "-")
 
 
+def builtin_option_sections() -> list[Section]:
+    """The options blocks of raydpfl's own registered algorithms (e.g. `dp_fedavg_client`),
+    read off their options dataclasses like the schema: `experiment.algorithm.options`
+    when `experiment.algorithm.name` is that algorithm."""
+    from raydpfl import registry
+    from raydpfl.config import client_level  # noqa: F401  (registers dp_fedavg_client)
+
+    out = []
+    for name in registry.names("algorithm"):
+        options = registry.get("algorithm", name).options
+        if options is None or not options.__module__.startswith("raydpfl."):
+            continue  # none, or a third party's
+        for section in config_sections(options, "experiment.algorithm.options"):
+            out.append(
+                Section(
+                    f"{section.path} (name: {name})",
+                    f"Read only when `experiment.algorithm.name` is `{name}`. "
+                    + section.doc,
+                    section.keys,
+                )
+            )
+    return out
+
+
 def render_markdown() -> str:
     """docs/config-reference.md: an index of the sections, then one table per section."""
-    sections = config_sections()
+    sections = config_sections() + builtin_option_sections()
     total = sum(len(s.keys) for s in sections)
     lines = [
         "# Config reference",

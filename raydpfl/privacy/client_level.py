@@ -18,6 +18,15 @@ One round is therefore one subsampled Gaussian mechanism over the population:
   ``SampledWithoutReplacementDpEvent(N, K, GaussianDpEvent(σ/2))`` under RDP
   (Wang, Balle & Kasiviswanathan, AISTATS 2019, Thm. 27); dp-accounting's PLD does not
   support that event, so ``pld`` and ``prv`` are refused for fixed-size sampling.
+* ``tree`` (DP-FTRL, Kairouz et al., ICML 2021): no sampling. The population is walked
+  in epochs; within an epoch each client joins at most one round of K clients, and the
+  server releases prefix sums of the clipped sums through a binary tree whose every node
+  carries N(0, σ²S²), restarted each epoch. One epoch of T rounds is dp-accounting's
+  ``SingleEpochTreeAggregationDpEvent(σ, T)``: RDP α·⌈log₂(T+1)⌉/(2σ²) (App. D of the
+  paper: one client touches one leaf, so at most ⌈log₂(T+1)⌉ nodes), under zero-out
+  adjacency (one client's updates replaced by zeros: dp-accounting's ``REPLACE_SPECIAL``,
+  the only relation it accounts this event under). A charge is one epoch, made before
+  its first round; RDP only (``rdp``, ``dp_rdp``).
 
 `ClientLevelLedger` is the one population-level ledger of a client-level run: its single
 privacy unit, `POPULATION`, is charged one `ClientLevelCost` per round before the round
@@ -31,6 +40,7 @@ This module imports neither torch nor ray.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -60,16 +70,22 @@ __all__ = [
     "client_level_max_rounds",
     "client_level_noise_multiplier",
     "fixed_event_noise_multiplier",
+    "rounds_history",
+    "tree_schedule",
 ]
 
 #: The one privacy unit of a client-level ledger (the charge log's client id for it).
 POPULATION = -1
 #: Client-sampling schemes.
-SAMPLINGS: tuple[str, ...] = ("poisson", "fixed")
-Sampling = Literal["poisson", "fixed"]
+SAMPLINGS: tuple[str, ...] = ("poisson", "fixed", "tree")
+Sampling = Literal["poisson", "fixed", "tree"]
 #: Accountants that can account fixed-size (without-replacement) client sampling.
 FIXED_ACCOUNTANTS: tuple[str, ...] = ("rdp", "dp_rdp")
-_MECHANISM = {"poisson": "client_poisson_gaussian", "fixed": "client_fixed_gaussian"}
+_MECHANISM = {
+    "poisson": "client_poisson_gaussian",
+    "fixed": "client_fixed_gaussian",
+    "tree": "client_tree_gaussian",
+}
 _FORMAT_VERSION = 1
 
 
@@ -95,8 +111,10 @@ class ClientLevelCost:
             uniformly without replacement).
         population: N, the number of clients (public).
         sampling_rate: q in (0, 1] (``poisson`` only).
-        cohort_size: K in [1, N] (``fixed`` only).
-        steps: Rounds composed (>= 0).
+        cohort_size: K in [1, N] (``fixed`` and ``tree``).
+        steps: Rounds composed (>= 0); ``tree``: epochs (trees) composed.
+        tree_rounds: ``tree`` only: T, the rounds of each tree (epoch), T·K <= N so that
+            each client joins at most one round of it.
     """
 
     noise_multiplier: float
@@ -105,6 +123,7 @@ class ClientLevelCost:
     sampling_rate: float | None = None
     cohort_size: int | None = None
     steps: int = 1
+    tree_rounds: int | None = None
 
     def __post_init__(self) -> None:
         sigma, n, steps = self.noise_multiplier, self.population, self.steps
@@ -119,6 +138,8 @@ class ClientLevelCost:
         object.__setattr__(self, "noise_multiplier", float(sigma))
         object.__setattr__(self, "population", int(n))
         object.__setattr__(self, "steps", int(steps))
+        if self.sampling != "tree" and self.tree_rounds is not None:
+            raise ValueError("tree_rounds is for tree aggregation (DP-FTRL) only")
         if self.sampling == "poisson":
             q = self.sampling_rate
             if not _is_real(q) or not 0.0 < float(q) <= 1.0:
@@ -131,12 +152,25 @@ class ClientLevelCost:
             if not _is_int(k) or not 1 <= int(k) <= int(n):
                 raise ValueError(f"cohort_size must be an int in [1, population={n}], got {k!r}")
             if self.sampling_rate is not None:
-                raise ValueError("sampling_rate is for poisson sampling, not fixed")
+                raise ValueError(f"sampling_rate is for poisson sampling, not {self.sampling}")
             object.__setattr__(self, "cohort_size", int(k))
+        if self.sampling == "tree":
+            t = self.tree_rounds
+            if not _is_int(t) or not 1 <= int(t) <= int(n) // int(k):
+                raise ValueError(
+                    f"tree_rounds must be an int in [1, population // cohort_size = "
+                    f"{int(n) // int(k)}] (each client at most once per tree), got {t!r}"
+                )
+            object.__setattr__(self, "tree_rounds", int(t))
+
+    @property
+    def rounds(self) -> int:
+        """Rounds this charge covers: `steps`, or `steps` trees of `tree_rounds`."""
+        return self.steps * (self.tree_rounds or 1) if self.sampling == "tree" else self.steps
 
     @property
     def expected_cohort(self) -> float:
-        """E|cohort|: q·N (poisson) or K (fixed); DP-FedAvg's public denominator."""
+        """E|cohort|: q·N (poisson) or K (fixed, tree); the public denominator."""
         if self.sampling == "poisson":
             assert self.sampling_rate is not None
             return self.sampling_rate * self.population
@@ -152,6 +186,7 @@ class ClientLevelCost:
             self.sampling_rate,
             self.cohort_size,
             steps,
+            self.tree_rounds,
         )
 
     def key(self) -> tuple[Any, ...]:
@@ -162,6 +197,7 @@ class ClientLevelCost:
             self.population,
             self.sampling_rate,
             self.cohort_size,
+            self.tree_rounds,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,6 +213,8 @@ class ClientLevelCost:
             out["sampling_rate"] = self.sampling_rate
         else:
             out["cohort_size"] = self.cohort_size
+        if self.sampling == "tree":
+            out["tree_rounds"] = self.tree_rounds
         return out
 
     @classmethod
@@ -190,6 +228,7 @@ class ClientLevelCost:
                 sampling_rate=d.get("sampling_rate"),
                 cohort_size=d.get("cohort_size"),
                 steps=d["steps"],
+                tree_rounds=d.get("tree_rounds"),
             )
         except KeyError as e:
             raise ValueError(f"a client-level charge needs {e.args[0]!r}") from None
@@ -206,6 +245,11 @@ def check_client_level_accountant(accountant: str, sampling: str) -> str:
         raise ValueError(
             f"{accountant!r} cannot account fixed-size client sampling (dp-accounting's "
             f"SampledWithoutReplacementDpEvent is RDP-only); use one of {FIXED_ACCOUNTANTS}"
+        )
+    if sampling == "tree" and accountant not in FIXED_ACCOUNTANTS:
+        raise ValueError(
+            f"{accountant!r} cannot account tree aggregation (dp-accounting's "
+            f"SingleEpochTreeAggregationDpEvent is RDP-only); use one of {FIXED_ACCOUNTANTS}"
         )
     return accountant
 
@@ -235,6 +279,13 @@ def client_level_epsilon(
         return compute_epsilon(
             [(c.noise_multiplier, c.sampling_rate, c.steps) for c in entries], delta, accountant
         )
+    if sampling == "tree":
+        trees: dict[tuple[float, int], int] = {}
+        for c in entries:
+            assert c.tree_rounds is not None
+            key = (c.noise_multiplier, c.tree_rounds)
+            trees[key] = trees.get(key, 0) + c.steps
+        return _tree_epsilon(tuple(sorted((s, t, n) for (s, t), n in trees.items())), delta)
     merged: dict[tuple[float, int], int] = {}
     for c in entries:
         assert c.cohort_size is not None
@@ -262,6 +313,42 @@ def _fixed_epsilon(
         rdp_privacy_accountant.DEFAULT_RDP_ORDERS, rdp, delta
     )
     return max(0.0, float(eps))
+
+
+def _tree_epsilon(entries: tuple[tuple[float, int, int], ...], delta: float) -> float:
+    """RDP ε of `n` trees of `T` rounds at σ for each (σ, T, n): what dp-accounting's
+    ``RdpAccountant`` gives composing ``SelfComposedDpEvent(
+    SingleEpochTreeAggregationDpEvent(σ, T), n)`` (Kairouz et al. 2021, App. D)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
+
+    if any(sigma == 0.0 for sigma, _, _ in entries):
+        return math.inf
+    orders = rdp_acc.DEFAULT_RDP_ORDERS
+    rdp = sum(
+        n * np.asarray(rdp_acc._compute_rdp_single_epoch_tree_aggregation(sigma, t, orders))
+        for sigma, t, n in entries
+    )
+    eps, _ = rdp_acc.compute_epsilon(orders, rdp, delta)
+    return max(0.0, float(eps))
+
+
+def tree_schedule(rounds: int, tree_rounds: int) -> list[int]:
+    """The rounds of each tree (epoch) when `rounds` rounds run in trees of `tree_rounds`:
+    full trees, then a shorter last one."""
+    full, rest = divmod(int(rounds), int(tree_rounds))
+    return [int(tree_rounds)] * full + ([rest] if rest else [])
+
+
+def rounds_history(round_cost: ClientLevelCost, rounds: int) -> list[ClientLevelCost]:
+    """The charges `rounds` rounds of `round_cost`'s mechanism make (its `steps` ignored):
+    one composed charge, or for ``tree`` one charge per tree (a shorter last tree)."""
+    if round_cost.sampling != "tree":
+        return [round_cost.with_steps(rounds)]
+    assert round_cost.tree_rounds is not None
+    return [
+        dataclasses.replace(round_cost, steps=1, tree_rounds=t)
+        for t in tree_schedule(rounds, round_cost.tree_rounds)
+    ]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -303,15 +390,8 @@ def client_level_noise_multiplier(
     target = float(target_epsilon)
 
     def eps(sigma: float) -> float:
-        cost = ClientLevelCost(
-            sigma,
-            round_cost.sampling,
-            round_cost.population,
-            round_cost.sampling_rate,
-            round_cost.cohort_size,
-            rounds,
-        )
-        return client_level_epsilon([cost], delta, accountant)
+        cost = dataclasses.replace(round_cost, noise_multiplier=sigma)
+        return client_level_epsilon(rounds_history(cost, rounds), delta, accountant)
 
     lo, hi = 0.0, min(1.0, sigma_max)
     while eps(hi) > target:
@@ -345,7 +425,7 @@ def client_level_max_rounds(
     prior = list(history)
 
     def feasible(t: int) -> bool:
-        more = [round_cost.with_steps(t)]
+        more = rounds_history(round_cost, t) if t else []
         return client_level_epsilon([*prior, *more], delta, accountant) <= target_epsilon
 
     return largest_feasible_steps(feasible)
@@ -449,8 +529,8 @@ class ClientLevelLedger:
         return tuple(self._history)
 
     def rounds(self) -> int:
-        """Rounds charged so far."""
-        return sum(c.steps for c in self._history)
+        """Rounds charged so far (a tree charge covers its `tree_rounds`)."""
+        return sum(c.rounds for c in self._history)
 
     def epsilon(self, client_id: int = POPULATION) -> float:
         """The client-level ε (every client's) at `delta`."""

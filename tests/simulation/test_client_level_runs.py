@@ -24,6 +24,14 @@ from raydpfl.simulation.outputs import RunWriter
 
 POISSON = {"sampling": "poisson", "client_sampling_rate": 0.4}
 FIXED_DISTRIBUTED = {"sampling": "fixed", "noise": "distributed", "clipping": "per_layer"}
+#: Adaptive clipping (S moves every round) with FedAdam on the server: state on both sides.
+ADAPTIVE_ADAM = {
+    **POISSON,
+    "adaptive_clipping": True,
+    "clip_count_stddev": 1.0,
+    "server_optimizer": "adam",
+    "server_lr": 0.05,
+}
 
 
 def _config(options=POISSON, **runtime):
@@ -89,7 +97,11 @@ def test_sigma_is_calibrated_to_spend_the_client_level_budget_in_all_rounds():
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("options", [POISSON, FIXED_DISTRIBUTED], ids=["poisson", "fixed"])
+@pytest.mark.parametrize(
+    "options",
+    [POISSON, FIXED_DISTRIBUTED, ADAPTIVE_ADAM],
+    ids=["poisson", "fixed", "adaptive-adam"],
+)
 def test_ray_gives_the_local_backends_model_bit_for_bit(options):
     ray = pytest.importorskip("ray")
     local = run_experiment(build_experiment(_config(options)), None)
@@ -108,8 +120,9 @@ def test_ray_gives_the_local_backends_model_bit_for_bit(options):
     assert on_ray["epsilon_max"] == local["epsilon_max"]
 
 
-def test_an_interrupted_run_resumes_to_the_same_model_and_population_ledger(tmp_path):
-    config = _config(backend="local", seed=0, progress=False, checkpoint_every=2)
+@pytest.mark.parametrize("options", [POISSON, ADAPTIVE_ADAM], ids=["poisson", "adaptive-adam"])
+def test_an_interrupted_run_resumes_to_the_same_model_and_population_ledger(tmp_path, options):
+    config = _config(options, backend="local", seed=0, progress=False, checkpoint_every=2)
     reference = run_experiment(build_experiment(config), None)
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -15,7 +15,8 @@ import numpy as np
 
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
-from raydpfl.config.client_level import ClientLevelOptions
+from raydpfl.algorithms.dp_ftrl_client import DPFTRLClientLevel
+from raydpfl.config.client_level import ClientLevelOptions, DPFTRLOptions
 from raydpfl.config.schema import ConfigError, PrivacyConfig
 from raydpfl.experiment.privacy_settings import PRIVACY_STATEMENT
 from raydpfl.privacy.accountants import describe_accountant
@@ -85,9 +86,70 @@ def build(context: Any) -> DPFedAvgClientLevel:
             clipping=opts.clipping,
             noise=opts.noise,
             seed=rt.seed,
+            adaptive_clipping=opts.adaptive_clipping,
+            target_quantile=opts.target_quantile,
+            clip_lr=opts.clip_lr,
+            clip_count_stddev=opts.clip_count_stddev,
+            server_optimizer=opts.server_optimizer,
+            server_lr=opts.server_lr,
+            server_momentum=opts.server_momentum,
+            server_beta2=opts.server_beta2,
+            server_adam_eps=opts.server_adam_eps,
         )
     except ValueError as e:
-        raise ConfigError(where, str(e)) from None
+        field = where + (".clip_count_stddev" if "clip_count_stddev" in str(e) else "")
+        raise ConfigError(field, str(e)) from None
+    algorithm.noise_calibrated = calibrated
+    return algorithm
+
+
+def build_ftrl(context: Any) -> DPFTRLClientLevel:
+    """DP-FTRL from `context`: K = clients_per_round per round, epochs of N // K rounds,
+    σ calibrated to the client-level budget over the run's trees when not given."""
+    exp, rt = context.config.experiment, context.config.runtime
+    algo, privacy = exp.algorithm, exp.privacy
+    opts: DPFTRLOptions = context.options or DPFTRLOptions()
+    n = int(context.dataset.num_clients)
+    k = algo.clients_per_round
+    if k > n:
+        raise ConfigError(
+            "experiment.algorithm.clients_per_round",
+            f"the cohort K={k} is larger than the population of {n} clients",
+        )
+    clip = opts.update_clip_norm if opts.update_clip_norm is not None else privacy.clip_norm
+    try:
+        check_client_level_accountant(privacy.accountant, "tree")
+    except ValueError as e:
+        raise ConfigError("experiment.privacy.accountant", str(e)) from None
+    check_population_delta(privacy.delta, n)
+    template = ClientLevelCost(0.0, "tree", n, None, k, 1, n // k)
+    sigma = privacy.noise_multiplier
+    calibrated = sigma is None
+    if sigma is None:
+        try:
+            sigma = client_level_noise_multiplier(
+                privacy.epsilon, privacy.delta, template, algo.rounds, privacy.accountant
+            )
+        except ValueError as e:
+            raise ConfigError(
+                "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
+            ) from None
+    try:
+        algorithm = DPFTRLClientLevel(
+            num_clients=n,
+            cohort_size=k,
+            rounds=algo.rounds,
+            local_steps=algo.local_steps,
+            lr=algo.lr,
+            batch_size=algo.batch_size,
+            clip_norm=clip,
+            noise_multiplier=sigma,
+            server_lr=opts.server_lr,
+            clipping=opts.clipping,
+            seed=rt.seed,
+        )
+    except ValueError as e:
+        raise ConfigError("experiment.algorithm.options", str(e)) from None
     algorithm.noise_calibrated = calibrated
     return algorithm
 
@@ -142,6 +204,18 @@ def client_level_metadata(
             f"Poisson client sampling with rate q={cost.sampling_rate:g} (expected cohort "
             f"qN={e:g}); accounted as the Poisson-subsampled Gaussian over clients"
         )
+    elif cost.sampling == "tree":
+        adjacency = (
+            f"zero-out: one client's updates replaced by zeros (N={n} public; Kairouz et "
+            "al. 2021, App. D)"
+        )
+        sampling = (
+            f"no sampling: each epoch a public permutation of the N clients is cut into "
+            f"{cost.tree_rounds} rounds of K={cost.cohort_size}, every client at most once "
+            "per epoch; each epoch one tree (restarted), accounted as dp-accounting's "
+            "SingleEpochTreeAggregationDpEvent(sigma, rounds of the epoch) under RDP, "
+            "charged before the epoch's first round"
+        )
     else:
         adjacency = (
             f"replace one client's records with another client's (N={n} public); the "
@@ -158,17 +232,15 @@ def client_level_metadata(
         "DP-FedAvg with server-side clipping and noise)",
         "epsilon_unit": "client",
         "adjacency": adjacency,
-        "mechanism": "each round: the sum of the sampled clients' model updates, each "
-        "clipped to L2 norm S, plus N(0, sigma^2 S^2) ("
-        + (
-            "added once by the server"
-            if noise == "central"
-            else "N(0, sigma^2 S^2 / K) added by each of the K clients"
-        )
-        + f"), divided by the expected cohort E={e:g} (public); composed over every round",
+        "mechanism": _mechanism_words(cost, noise),
         "sampling": sampling,
-        "covers": "every global model the server released: one charge per round, made "
-        "before the round is sampled and dispatched (also rounds with an empty cohort)",
+        "covers": (
+            "every global model the server released: one charge per epoch (its whole "
+            "tree), made before the epoch's first round is dispatched"
+            if cost.sampling == "tree"
+            else "every global model the server released: one charge per round, made "
+            "before the round is sampled and dispatched (also rounds with an empty cohort)"
+        ),
         "not_covered": "record-level guarantees (local SGD is not private); the server's "
         "view of each clipped update (a trusted server; with distributed noise each update "
         "carries only 1/K of the noise); the releases in unaccounted_releases; tuning",
@@ -180,6 +252,8 @@ def client_level_metadata(
         "clip_norm": clip,
         "clipping": getattr(algorithm, "clipping", None),
         "noise_placement": noise,
+        "adaptive_clipping": _adaptive_clipping_statement(algorithm),
+        "server_optimizer": getattr(algorithm, "server_optimizer", "sgd"),
         "noise_multiplier": cost.noise_multiplier,
         "noise_calibrated": bool(getattr(algorithm, "noise_calibrated", False)),
         "client_sampling": cost.sampling,
@@ -187,4 +261,44 @@ def client_level_metadata(
         "cohort_size": cost.cohort_size,
         "expected_cohort": e,
         "population": n,
+    }
+
+
+def _mechanism_words(cost: ClientLevelCost, noise: str) -> str:
+    """The released quantity of one round, in words."""
+    e = cost.expected_cohort
+    if cost.sampling == "tree":
+        return (
+            "each round: the prefix sum, since the epoch began, of the sums of the round's "
+            "clients' model updates, each clipped to L2 norm S, through a binary tree "
+            "whose every node carries N(0, sigma^2 S^2) (DP-FTRL, Kairouz et al. 2021); "
+            f"the model is the epoch's start plus server_lr times that over K={e:g}"
+        )
+    return (
+        "each round: the sum of the sampled clients' model updates, each "
+        "clipped to L2 norm S, plus N(0, sigma^2 S^2) ("
+        + (
+            "added once by the server"
+            if noise == "central"
+            else "N(0, sigma^2 S^2 / K) added by each of the K clients"
+        )
+        + f"), divided by the expected cohort E={e:g} (public); composed over every round"
+    )
+
+
+def _adaptive_clipping_statement(algorithm: Algorithm) -> dict[str, Any] | None:
+    """How S moves and how the noise is split, when adaptive clipping is on."""
+    if not getattr(algorithm, "adaptive_clipping", False):
+        return None
+    return {
+        "method": "Andrew et al. 2021 (geometric update S <- S exp(-clip_lr (b - gamma)), "
+        "b the noisy fraction of unclipped updates); clip_norm above is S's start value",
+        "target_quantile": algorithm.target_quantile,  # type: ignore[attr-defined]
+        "clip_lr": algorithm.clip_lr,  # type: ignore[attr-defined]
+        "clip_count_stddev": algorithm.clip_count_stddev,  # type: ignore[attr-defined]
+        "update_noise_multiplier": algorithm.update_noise_multiplier,  # type: ignore[attr-defined]
+        "accounting": "per round the update sum (noise multiplier z_update) and the count of "
+        "unclipped updates, centred bits b_k - 1/2 (sensitivity 1/2, noise "
+        "clip_count_stddev) compose to one Gaussian with noise_multiplier: "
+        "z^-2 = z_update^-2 + (2 clip_count_stddev)^-2; charged as that Gaussian",
     }
