@@ -30,6 +30,8 @@ _EXPORTS = {
     "register_model": "raydpfl.registry",
     "register_dataset": "raydpfl.registry",
     "Callback": "raydpfl.callbacks",
+    "run_audit": "raydpfl.audit",
+    "AuditResult": "raydpfl.audit",
 }
 
 __all__ = ["__version__", *_EXPORTS]

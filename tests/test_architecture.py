@@ -101,6 +101,7 @@ LAYERS = {
     "experiment": 5,
     "tune": 6,
     "report": 6,
+    "audit": 6,
     "cli": 7,
 }
 

@@ -1,4 +1,4 @@
-"""`raydpfl` command line: run, validate, tune, privacy, data, report.
+"""`raydpfl` command line: run, validate, audit, tune, privacy, data, report.
 
 Bad input (config, arguments, missing dataset files) exits with status 2 and one line
 on stderr, before any training starts; nothing already on disk is overwritten.
@@ -149,6 +149,37 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     val.set_defaults(handler=_cmd_validate)
 
+    aud = sub.add_parser(
+        "audit",
+        help="run once with canaries: the empirical epsilon lower bound beside the "
+        "accountant's epsilon (Steinke, Nasr & Jagielski 2023)",
+    )
+    aud.add_argument(
+        "config", help="a dp_fedavg (record level) or dp_fedavg_client (client level) config"
+    )
+    _add_set(aud)
+    _add_plugin(aud)
+    aud.add_argument("--canaries", type=int, default=1000, help="m (default 1000)")
+    aud.add_argument("--mode", default="white-box", help="white-box (default) or black-box")
+    aud.add_argument("--confidence", type=float, default=0.95, help="in (0, 1); default 0.95")
+    aud.add_argument(
+        "--k-plus",
+        dest="k_plus",
+        type=int,
+        default=None,
+        help="guesses 'in' (highest scores); default m/10",
+    )
+    aud.add_argument(
+        "--k-minus",
+        dest="k_minus",
+        type=int,
+        default=None,
+        help="guesses 'out' (lowest scores); default m/10",
+    )
+    aud.add_argument("--score", default="lr", help="white-box scoring: lr (default) or sum")
+    aud.add_argument("--out", help="keep the audited run and audit.json in this directory")
+    aud.set_defaults(handler=_cmd_audit)
+
     priv = sub.add_parser(
         "privacy",
         help="privacy calculator: DP-SGD (record level) and DP-FedAvg (client-* questions)",
@@ -191,7 +222,7 @@ def _build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="datasets: download files, partition statistics")
     dsub = data.add_subparsers(dest="action", required=True, parser_class=_Parser)
     dl = dsub.add_parser("download", help="download a dataset and verify its checksums")
-    dl.add_argument("name", help="mnist, fashion_mnist, cifar10 or digits")
+    dl.add_argument("name", help="mnist, fashion_mnist, cifar10, cifar100 or digits")
     dl.add_argument(
         "--root", help="target folder (default $RAYDPFL_DATA or ~/.cache/raydpfl/data)"
     )
@@ -369,10 +400,11 @@ def _add_client_level_args(
     )
     p.add_argument(
         "--sampling",
-        choices=("poisson", "fixed"),
+        choices=("poisson", "fixed", "tree"),
         default="poisson",
         help="poisson: each client with rate --q (add/remove one client); fixed: --cohort "
-        "clients without replacement (replace one client)",
+        "clients without replacement (replace one client); tree: DP-FTRL, --cohort clients "
+        "per round, each client once per epoch of N // K rounds (zero-out one client)",
     )
     p.add_argument("--q", type=_rate, help="client sampling rate (poisson)")
     p.add_argument("--cohort", type=_positive_int, help="K, the cohort size (fixed)")
@@ -397,12 +429,17 @@ def _client_round(args: argparse.Namespace, sigma: float = 0.0):
         cost = ClientLevelCost(sigma, "poisson", args.population, sampling_rate=args.q)
     else:
         if args.cohort is None or args.q is not None:
-            raise ConfigError("--cohort", "fixed sampling needs --cohort K (and no --q)")
+            raise ConfigError(
+                "--cohort", f"{args.sampling} sampling needs --cohort K (and no --q)"
+            )
         if args.cohort > args.population:
             raise ConfigError(
                 "--cohort", f"K={args.cohort} is larger than the population {args.population}"
             )
-        cost = ClientLevelCost(sigma, "fixed", args.population, cohort_size=args.cohort)
+        tree = args.population // args.cohort if args.sampling == "tree" else None
+        cost = ClientLevelCost(
+            sigma, args.sampling, args.population, cohort_size=args.cohort, tree_rounds=tree
+        )
     try:
         check_client_level_accountant(args.accountant, args.sampling)
     except ValueError as e:
@@ -412,6 +449,8 @@ def _client_round(args: argparse.Namespace, sigma: float = 0.0):
 
 def _client_words(args: argparse.Namespace) -> str:
     how = f"q={args.q}" if args.sampling == "poisson" else f"K={args.cohort}"
+    if args.sampling == "tree":
+        how += f", epochs of {args.population // args.cohort} rounds"
     return (
         f"N={args.population}, {args.sampling} sampling {how}, delta={args.delta:g}, "
         f"accountant={args.accountant}, at the client level"
@@ -568,10 +607,10 @@ def _cmd_privacy_steps(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_client_epsilon(args: argparse.Namespace) -> int:
-    from raydpfl.privacy.client_level import client_level_epsilon
+    from raydpfl.privacy.client_level import client_level_epsilon, rounds_history
 
-    cost = _client_round(args, args.sigma).with_steps(args.rounds)
-    eps = client_level_epsilon([cost], args.delta, args.accountant)
+    history = rounds_history(_client_round(args, args.sigma), args.rounds)
+    eps = client_level_epsilon(history, args.delta, args.accountant)
     print(
         f"epsilon = {eps:.6g}  (sigma={args.sigma}, rounds={args.rounds}, {_client_words(args)})"
     )
@@ -612,10 +651,13 @@ def _cmd_privacy_client_rounds(args: argparse.Namespace) -> int:
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
     from raydpfl.data.datasets import DATASETS, download_dataset
+    from raydpfl.data.readers import DOWNLOADABLE
 
-    if args.name not in DATASETS:
-        raise ConfigError("name", f"unknown dataset {args.name!r}; allowed: {', '.join(DATASETS)}")
-    path = download_dataset(args.name, args.root)
+    allowed = (*DATASETS, *DOWNLOADABLE)
+    if args.name not in allowed:
+        raise ConfigError("name", f"unknown dataset {args.name!r}; allowed: {', '.join(allowed)}")
+    fetch = DOWNLOADABLE.get(args.name, download_dataset)
+    path = fetch(args.name, args.root) if fetch is download_dataset else fetch(args.root)
     print(f"{args.name}: ready in {path}")
     return 0
 
@@ -710,6 +752,27 @@ def _cmd_report(args: argparse.Namespace) -> int:
         f"report of {len(report.runs)} run{'s' if len(report.runs) != 1 else ''}: "
         f"{report.markdown} ({len(report.figures)} figures)"
     )
+    return 0
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from raydpfl.audit import audit
+
+    _import_plugins(args.plugins)
+    result = audit(
+        args.config,
+        overrides=args.overrides,
+        canaries=args.canaries,
+        mode=args.mode,
+        confidence=args.confidence,
+        k_plus=args.k_plus,
+        k_minus=args.k_minus,
+        score=args.score,
+        run_dir=args.out,
+    )
+    print(result.line())
+    if args.out:
+        print(f"outputs: {args.out} (audit.json)")
     return 0
 
 

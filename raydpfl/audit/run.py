@@ -1,0 +1,378 @@
+"""`audit(config, ...)`: one run with canaries, and the empirical ε lower bound beside the
+accountant's ε (Steinke, Nasr & Jagielski 2023; `raydpfl.audit.bound`).
+
+Modes and their threat models (README "Audit the privacy claim"):
+
+================  ==========================================================================
+record, white-box The adversary is the server: it sees every participating client's released
+                  update in every round (what a record-level DP-FedAvg client sends, and what
+                  its ledger's ε covers), and it chose the canaries' gradients: canary j is a
+                  training record whose per-sample gradient is a Dirac G·e_j (G = 100C) on a
+                  probe coordinate no real record touches. Score: the likelihood ratio of
+                  its coordinate's releases over the rounds its client took part in.
+record, black-box The adversary sees only the final model and queries its loss. Canary j is
+                  a mislabelled, out-of-distribution record (a random Gaussian input with a
+                  random label). Score: the decrease of its loss from the initial to the
+                  final model.
+client, white-box The adversary sees every round's released model (each noisy aggregate) and
+                  controls canary clients: canary client j's update is G·e_j (G = 100S) on the
+                  probe, 0 when it is "out". Score: the likelihood ratio over every round's
+                  noisy sum on its coordinate (whether it was sampled stays secret).
+client, black-box The same canary clients; the adversary sees only the final model: score =
+                  the final model's probe coordinate j (the sum of all rounds' releases).
+================  ==========================================================================
+
+Assumptions common to all modes: canaries are drawn in/out independently with probability
+1/2 from the run seed's "audit" stream; k₊ and k₋ are fixed before the scores are seen
+(default m/10 each); dataset sizes |D_i| and cohort sizes are public, as the algorithms
+say (the white-box scores normalise by a size that does not depend on which canaries
+are in). The bound holds for the mechanism as run; a lower bound well below the
+accountant's ε is expected (one run, m canaries) and is no proof of tightness, while a
+lower bound above it is a proof (at the stated confidence) that the claim is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from raydpfl.algorithms.dp_fedavg import DPFedAvg
+from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
+from raydpfl.audit import canaries as cn
+from raydpfl.audit.bound import correct_guesses, epsilon_lower_bound
+from raydpfl.config.load import config_from_dict, dump_config, load_config
+from raydpfl.config.schema import Config, ConfigError
+from raydpfl.experiment.build import build_experiment, run_experiment
+from raydpfl.simulation.experiment import Experiment
+from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
+from raydpfl.simulation.seeding import NO_ROUND, SERVER, numpy_rng
+
+__all__ = ["MODES", "SCORES", "AuditResult", "audit"]
+
+MODES = ("white-box", "black-box")
+SCORES = ("lr", "sum")
+#: The algorithms the audit knows how to put canaries into, and their privacy unit.
+AUDITABLE = {"dp_fedavg": "record", "dp_fedavg_client": "client"}
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """One audit: the guesses, the bound, and the claim it is set beside.
+
+    Attributes:
+        unit: ``record`` or ``client`` (the algorithm's privacy unit).
+        mode: ``white-box`` or ``black-box`` (threat models: `raydpfl.audit.run`).
+        canaries: m. included: how many were drawn "in".
+        k_plus, k_minus: The guesses "in" (highest scores) and "out" (lowest).
+        correct: W, the correct guesses out of k_plus + k_minus.
+        confidence: The bound holds with this probability (over the run's randomness).
+        delta: The δ at which the bound (and the accountant's ε) is stated.
+        epsilon_lower_bound: Empirical: the mechanism is not (ε, δ)-DP for any smaller ε.
+        epsilon_claimed: The accountant's ε of the audited run (``epsilon_max``).
+        accountant: The run's accountant.
+        score: How canaries were scored (``lr``, ``sum``; black-box: ``loss`` or ``final``).
+        summary: The audited run's summary.json.
+        scores, inclusion: Per canary (for re-analysis).
+    """
+
+    unit: str
+    mode: str
+    canaries: int
+    included: int
+    k_plus: int
+    k_minus: int
+    correct: int
+    confidence: float
+    delta: float
+    epsilon_lower_bound: float
+    epsilon_claimed: float
+    accountant: str
+    score: str
+    summary: dict[str, Any] = field(repr=False)
+    scores: np.ndarray = field(repr=False)
+    inclusion: np.ndarray = field(repr=False)
+
+    @property
+    def guesses(self) -> int:
+        """r = k₊ + k₋."""
+        return self.k_plus + self.k_minus
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (audit.json): every field, arrays as lists."""
+        out = asdict(self)
+        out["scores"] = [float(s) for s in self.scores]
+        out["inclusion"] = [bool(b) for b in self.inclusion]
+        out["guesses"] = self.guesses
+        return out
+
+    def line(self) -> str:
+        """One line for the terminal."""
+        return (
+            f"{self.unit}-level {self.mode} audit: {self.canaries} canaries ({self.included} in), "
+            f"{self.correct}/{self.guesses} guesses correct -> epsilon >= "
+            f"{self.epsilon_lower_bound:.3f} at {self.confidence:.0%} confidence "
+            f"(delta={self.delta:g}); accountant ({self.accountant}): epsilon = "
+            f"{self.epsilon_claimed:.3f}"
+        )
+
+
+def audit(
+    config: Config | Mapping[str, Any] | str | Path | None = None,
+    *,
+    overrides: Iterable[str] = (),
+    canaries: int = 1000,
+    mode: str = "white-box",
+    confidence: float = 0.95,
+    k_plus: int | None = None,
+    k_minus: int | None = None,
+    score: str = "lr",
+    run_dir: str | Path | None = None,
+) -> AuditResult:
+    """Runs `config`'s experiment once with `canaries` canaries and audits it.
+
+    The run is in-process (``runtime.backend=local``: the same mechanism, bit for bit, as
+    on Ray) without checkpoints; everything else is the config's. A dp_fedavg run is
+    audited at the record level, a dp_fedavg_client run at the client level (canary
+    clients are added to its population, so its accountant's ε is the audited run's own).
+
+    Args:
+        config: As for `raydpfl.run_simulation` (a Config, a mapping, a YAML path, None).
+        overrides: Dotted ``key=value`` strings.
+        canaries: m ≥ 1; at most the run's training records (record level) or its
+            clients (client level).
+        mode: ``white-box`` or ``black-box`` (see this module's docstring).
+        confidence: In (0, 1).
+        k_plus, k_minus: Guesses "in" and "out"; default m/10 each (at least 1 in).
+        score: White-box scoring, ``lr`` (likelihood ratio) or ``sum``.
+        run_dir: Keep the audited run's outputs and audit.json there (new or empty).
+
+    Raises:
+        ConfigError: A bad argument or config (named), a non-private run, or an
+            algorithm the audit cannot put canaries into; before any training.
+    """
+    _check_args(canaries, mode, confidence, k_plus, k_minus, score)
+    m = int(canaries)
+    k_plus = max(1, round(m / 10)) if k_plus is None else int(k_plus)
+    k_minus = round(m / 10) if k_minus is None else int(k_minus)
+    if k_plus + k_minus > m:
+        raise ConfigError(
+            "k_plus", f"k_plus + k_minus = {k_plus + k_minus} guesses exceed the {m} canaries"
+        )
+    overrides = [*_as_list(overrides), "runtime.backend=local", "runtime.checkpoint_every=null"]
+    cfg = _to_config(config, overrides)
+    if run_dir is not None:
+        check_run_dir_free(run_dir)
+    base = build_experiment(cfg)
+    unit = _unit_of(cfg, base)
+    seed = cfg.runtime.seed
+    rng = numpy_rng(seed, NO_ROUND, SERVER, "audit")
+    included = rng.random(m) < 0.5
+    if unit == "record":
+        total = int(base.dataset.train_sizes().sum())
+        if m > total:
+            raise ConfigError(
+                "canaries",
+                f"{m} canaries but the run has only {total} training "
+                "records; use at most that many",
+            )
+        prepared = _record_level(cfg, base, m, included, mode, rng)
+    else:
+        if m > base.dataset.num_clients:
+            raise ConfigError(
+                "canaries",
+                f"{m} canary clients but the run has only "
+                f"{base.dataset.num_clients} clients; use at most that many",
+            )
+        prepared = _client_level(cfg, base, m, included)
+    exp, finish = prepared
+    if run_dir is not None:
+        out = prepare_run_dir(run_dir)
+        summary = run_experiment(exp, out)
+        scores, score_name = finish(exp, out, mode, score)
+    else:
+        with tempfile.TemporaryDirectory(prefix="raydpfl-audit-") as tmp:
+            summary = run_experiment(exp, Path(tmp))
+            scores, score_name = finish(exp, Path(tmp), mode, score)
+            summary.pop("run_dir", None)
+    correct = correct_guesses(scores, included, k_plus, k_minus, rng)
+    delta = float(summary["delta"])
+    result = AuditResult(
+        unit=unit,
+        mode=mode,
+        canaries=m,
+        included=int(included.sum()),
+        k_plus=k_plus,
+        k_minus=k_minus,
+        correct=correct,
+        confidence=float(confidence),
+        delta=delta,
+        epsilon_lower_bound=epsilon_lower_bound(
+            m, k_plus + k_minus, correct, delta=delta, confidence=confidence
+        ),
+        epsilon_claimed=float(summary["epsilon_max"]),
+        accountant=str(summary.get("accountant", cfg.experiment.privacy.accountant)),
+        score=score_name,
+        summary=summary,
+        scores=scores,
+        inclusion=included,
+    )
+    if run_dir is not None:
+        path = Path(run_dir) / "audit.json"
+        path.write_text(json.dumps(result.to_dict(), indent=1, default=str) + "\n")
+    return result
+
+
+# ---- checks ------------------------------------------------------------------------------------
+def _check_args(
+    canaries: Any, mode: Any, confidence: Any, k_plus: Any, k_minus: Any, score: Any
+) -> None:
+    if isinstance(canaries, bool) or not isinstance(canaries, (int, np.integer)) or canaries < 1:
+        raise ConfigError("canaries", f"must be an integer >= 1, got {canaries!r}")
+    if mode not in MODES:
+        raise ConfigError("mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
+    if score not in SCORES:
+        raise ConfigError("score", f"must be one of {', '.join(SCORES)}, got {score!r}")
+    ok = isinstance(confidence, (int, float)) and not isinstance(confidence, bool)
+    if not ok or not math.isfinite(confidence) or not 0 < confidence < 1:
+        raise ConfigError("confidence", f"must be in (0, 1), got {confidence!r}")
+    for name, k in (("k_plus", k_plus), ("k_minus", k_minus)):
+        if k is not None and (
+            isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0
+        ):
+            raise ConfigError(name, f"must be an integer >= 0, got {k!r}")
+
+
+def _unit_of(cfg: Config, exp: Experiment) -> str:
+    name = cfg.experiment.algorithm.name
+    if not exp.algorithm.is_private:
+        raise ConfigError(
+            "experiment.algorithm.name",
+            f"{name!r} is not private: there is no "
+            "epsilon to audit (audit a dp_fedavg or dp_fedavg_client run)",
+        )
+    kinds = {"record": DPFedAvg, "client": DPFedAvgClientLevel}
+    unit = AUDITABLE.get(name)
+    if unit is None or type(exp.algorithm) is not kinds[unit]:
+        raise ConfigError(
+            "experiment.algorithm.name",
+            f"the audit puts canaries into "
+            f"dp_fedavg (record level) and dp_fedavg_client (client level) runs, "
+            f"not {name!r}",
+        )
+    if not exp.algorithm.noise_multiplier > 0:
+        raise ConfigError(
+            "experiment.privacy.noise_multiplier",
+            "is 0: the run adds no noise and is not private; there is no epsilon to audit",
+        )
+    return unit
+
+
+def _as_list(overrides: Iterable[str]) -> list[str]:
+    if isinstance(overrides, str):
+        raise ConfigError("overrides", "must be a list of 'key=value' strings, not one string")
+    return list(overrides)
+
+
+def _to_config(config: Any, overrides: list[str]) -> Config:
+    """As `raydpfl.to_config` (which lives above this package)."""
+    if config is None or isinstance(config, Mapping):
+        return config_from_dict(dict(config or {}), overrides)
+    if isinstance(config, Config):
+        import yaml
+
+        return config_from_dict(yaml.safe_load(dump_config(config)), overrides)
+    if isinstance(config, (str, Path)):
+        return load_config(config, overrides)
+    raise ConfigError(
+        "config",
+        "must be a raydpfl.config.Config, a mapping, a path to a YAML "
+        f"file or None, got {type(config).__name__}",
+    )
+
+
+# ---- record level ------------------------------------------------------------------------------
+def _record_level(
+    cfg: Config,
+    base: Experiment,
+    m: int,
+    included: np.ndarray,
+    mode: str,
+    rng: np.random.Generator,
+):
+    ds = base.dataset
+    owners = rng.permutation(np.arange(m) % ds.num_clients)
+    if mode == "white-box":
+        x_rows = np.zeros((m, *ds.input_shape), dtype=ds.x.dtype)
+        y_rows = -1 - np.arange(m)  # gradient canary j (GradientCanaryEngine)
+    else:  # mislabelled, out-of-distribution records
+        scale = float(np.std(ds.x)) or 1.0
+        x_rows = (rng.standard_normal((m, *ds.input_shape)) * 2.0 * scale).astype(ds.x.dtype)
+        y_rows = rng.integers(0, ds.num_classes, m)
+    augmented = cn.add_canary_records(ds, x_rows, y_rows, owners, included)
+    exp = build_experiment(cfg, dataset=augmented)
+    algo = exp.algorithm
+    assert isinstance(algo, DPFedAvg)
+    if mode == "white-box":
+        exp.algorithm = cn.AuditedDPFedAvg(algo, owners, cn.CANARY_NORM_FACTOR * algo.clip_norm)
+        exp.model_spec = cn.probed_spec(exp.model_spec, m)
+        exp.init_params = cn.probed_params(exp.init_params, m)
+    # n̄_k: client k's size with half its canaries (fixed, whichever canaries are in).
+    assigned = np.bincount(owners, minlength=ds.num_clients)
+    normalisers = ds.train_sizes() + assigned / 2.0
+    init = {n: t.clone() for n, t in exp.init_params.items()}
+
+    def finish(exp: Experiment, out: Path, mode: str, score: str):
+        if mode == "white-box":
+            assert isinstance(exp.algorithm, cn.AuditedDPFedAvg)
+            return cn.record_white_box_scores(exp.algorithm, owners, normalisers, score), score
+        final = _final_params(out)
+        model = exp.model_spec.build()
+        x = torch.as_tensor(x_rows)
+        y = torch.as_tensor(y_rows, dtype=torch.int64)
+        with torch.no_grad():
+            before = F.cross_entropy(functional_call(model, init, (x,)), y, reduction="none")
+            after = F.cross_entropy(functional_call(model, final, (x,)), y, reduction="none")
+        return (before - after).double().numpy(), "loss"
+
+    return exp, finish
+
+
+# ---- client level ------------------------------------------------------------------------------
+def _client_level(cfg: Config, base: Experiment, m: int, included: np.ndarray):
+    n = base.dataset.num_clients
+    augmented = cn.add_canary_clients(base.dataset, m)
+    exp = build_experiment(cfg, dataset=augmented)
+    algo = exp.algorithm
+    assert isinstance(algo, DPFedAvgClientLevel)
+    spec = cn.probed_spec(exp.model_spec, m)
+    exp.init_params = cn.probed_params(exp.init_params, m)
+    exp.model_spec = spec
+    exp.algorithm = cn.AuditedDPFedAvgClient(
+        algo, n, included, cn.CANARY_NORM_FACTOR * algo.clip_norm, len(exp.init_params)
+    )
+    init_probe = exp.init_params[cn.PROBE][0].double().numpy().copy()
+
+    def finish(exp: Experiment, out: Path, mode: str, score: str):
+        algo = exp.algorithm
+        assert isinstance(algo, cn.AuditedDPFedAvgClient)
+        if mode == "white-box":
+            return cn.client_white_box_scores(algo, score), score
+        final = _final_params(out)
+        return final[cn.PROBE][0].double().numpy() - init_probe, "final"
+
+    return exp, finish
+
+
+def _final_params(out: Path) -> dict[str, torch.Tensor]:
+    """The final model, read back from the run directory's model.pt."""
+    return torch.load(Path(out) / "model.pt", map_location="cpu", weights_only=True)
