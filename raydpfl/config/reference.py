@@ -242,26 +242,29 @@ def _anchor(path: str) -> str:
 
 
 def builtin_option_sections() -> list[Section]:
-    """The options blocks of raydpfl's own registered algorithms (e.g. `dp_fedavg_client`),
-    read off their options dataclasses like the schema: `experiment.algorithm.options`
-    when `experiment.algorithm.name` is that algorithm."""
+    """The options blocks of raydpfl's own registered algorithms (e.g. `dp_fedavg_client`)
+    and datasets (e.g. `cifar100`), read off their options dataclasses like the schema:
+    `experiment.algorithm.options` / `experiment.data.options` when that entry is chosen."""
     from raydpfl import registry
     from raydpfl.config import client_level  # noqa: F401  (registers dp_fedavg_client)
 
     out = []
-    for name in registry.names("algorithm"):
-        options = registry.get("algorithm", name).options
-        if options is None or not options.__module__.startswith("raydpfl."):
-            continue  # none, or a third party's
-        for section in config_sections(options, "experiment.algorithm.options"):
-            out.append(
-                Section(
-                    f"{section.path} (name: {name})",
-                    f"Read only when `experiment.algorithm.name` is `{name}`. "
-                    + section.doc,
-                    section.keys,
+    for kind, prefix, selector in (
+        ("algorithm", "experiment.algorithm.options", "experiment.algorithm.name"),
+        ("dataset", "experiment.data.options", "experiment.data.dataset"),
+    ):
+        for name in registry.names(kind):  # type: ignore[arg-type]
+            options = registry.get(kind, name).options  # type: ignore[arg-type]
+            if options is None or not options.__module__.startswith("raydpfl."):
+                continue  # none, or a third party's
+            for section in config_sections(options, prefix):
+                out.append(
+                    Section(
+                        f"{section.path} ({selector.rsplit('.', 1)[1]}: {name})",
+                        f"Read only when `{selector}` is `{name}`. " + section.doc,
+                        section.keys,
+                    )
                 )
-            )
     return out
 
 

@@ -175,6 +175,26 @@ class ImageFolderOptions:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class HFDatasetOptions:
+    """``experiment.data.options`` of ``hf_dataset`` (a Hugging Face dataset, offline)."""
+
+    # a save_to_disk folder (relative to data.root or absolute), a local builder over
+    # data.root (parquet, csv, json, imagefolder) or a Hub id already in the local cache
+    path: str = ""
+    train_split: str = "train"  # the split that becomes the clients' pool
+    test_split: str = "test"  # the split that becomes the central test set
+    feature_column: str = "image"  # the inputs: images, numbers or lists of numbers
+    label_column: str = "label"  # integer labels >= 0
+    client_column: str | None = None  # a natural client id per record (partition: natural)
+    image_size: int | None = None  # resize images to this square size; null = as stored
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "path", "must name a dataset (a folder or a builder)")
+        s = self.image_size
+        _check(s is None or s >= 1, "image_size", f"must be null or >= 1, got {s}")
+
+
 #: Datasets read from files the user brings (`raydpfl.data.readers`): registered in the
 #: one registry, their loaders named by "module:function" (imported when first loaded)
 #: and their `experiment.data.options` checked against these dataclasses.
@@ -183,6 +203,7 @@ READER_DATASETS: dict[str, tuple[str, type | None]] = {
     "femnist": ("raydpfl.data.readers:load_femnist", None),
     "shakespeare": ("raydpfl.data.readers:load_shakespeare", None),
     "image_folder": ("raydpfl.data.readers:load_image_folder", ImageFolderOptions),
+    "hf_dataset": ("raydpfl.data.hf:load_hf_dataset", HFDatasetOptions),
 }
 for _name, (_target, _options) in READER_DATASETS.items():
     with contextlib.suppress(registry.RegistryError):  # a user's registration stands
