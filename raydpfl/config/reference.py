@@ -251,6 +251,7 @@ def builtin_option_sections() -> list[Section]:
     out = []
     for kind, prefix, selector in (
         ("algorithm", "experiment.algorithm.options", "experiment.algorithm.name"),
+        ("model", "experiment.model.options", "experiment.model.name"),
         ("dataset", "experiment.data.options", "experiment.data.dataset"),
     ):
         for name in registry.names(kind):  # type: ignore[arg-type]

@@ -176,6 +176,18 @@ class ImageFolderOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Sent140Options:
+    """``experiment.data.options`` of ``sent140`` (LEAF's tweets by user)."""
+
+    vocab_size: int = 10000  # word ids kept, padding and unknown included (most frequent)
+    max_length: int = 25  # words per tweet kept (padded with 0)
+
+    def __post_init__(self) -> None:
+        _check(self.vocab_size >= 3, "vocab_size", f"must be >= 3, got {self.vocab_size}")
+        _check(self.max_length >= 1, "max_length", f"must be >= 1, got {self.max_length}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class HFDatasetOptions:
     """``experiment.data.options`` of ``hf_dataset`` (a Hugging Face dataset, offline)."""
 
@@ -195,6 +207,37 @@ class HFDatasetOptions:
         _check(s is None or s >= 1, "image_size", f"must be null or >= 1, got {s}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class CharTransformerOptions:
+    """``experiment.model.options`` of ``char_transformer`` (token windows → next token)."""
+
+    vocab_size: int | None = None  # token ids in [0, vocab_size); null = num_classes
+    width: int = 64  # embedding and state width
+    heads: int = 4  # attention heads (must divide width)
+    layers: int = 2  # transformer blocks
+
+    def __post_init__(self) -> None:
+        v = self.vocab_size
+        _check(v is None or v >= 2, "vocab_size", f"must be null or >= 2, got {v}")
+        _check(self.width >= 1, "width", f"must be >= 1, got {self.width}")
+        _check(self.heads >= 1, "heads", f"must be >= 1, got {self.heads}")
+        _check(
+            self.width % self.heads == 0,
+            "heads",
+            f"must divide width {self.width}, got {self.heads}",
+        )
+        _check(self.layers >= 1, "layers", f"must be >= 1, got {self.layers}")
+
+
+with contextlib.suppress(registry.RegistryError):  # a user's registration stands
+    registry.register(
+        "model",
+        "char_transformer",
+        "raydpfl.models.text:CharTransformer",
+        options=CharTransformerOptions,
+    )
+
+
 #: Datasets read from files the user brings (`raydpfl.data.readers`): registered in the
 #: one registry, their loaders named by "module:function" (imported when first loaded)
 #: and their `experiment.data.options` checked against these dataclasses.
@@ -202,6 +245,7 @@ READER_DATASETS: dict[str, tuple[str, type | None]] = {
     "cifar100": ("raydpfl.data.readers:load_cifar100", Cifar100Options),
     "femnist": ("raydpfl.data.readers:load_femnist", None),
     "shakespeare": ("raydpfl.data.readers:load_shakespeare", None),
+    "sent140": ("raydpfl.data.readers:load_sent140", Sent140Options),
     "image_folder": ("raydpfl.data.readers:load_image_folder", ImageFolderOptions),
     "hf_dataset": ("raydpfl.data.hf:load_hf_dataset", HFDatasetOptions),
 }

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -203,7 +204,7 @@ _SHAKESPEARE_SEQ = 80
 _FEMNIST_PIXELS = 28 * 28
 _FEMNIST_CLASSES = 62
 #: The LEAF datasets read here.
-LEAF_DATASETS = ("femnist", "shakespeare")
+LEAF_DATASETS = ("femnist", "shakespeare", "sent140")
 
 
 def find_leaf_dirs(name: str, root: str | os.PathLike[str] | None = None) -> dict[str, Path]:
@@ -386,10 +387,88 @@ def load_shakespeare(root: str | os.PathLike[str] | None = None) -> ArrayDataset
 
     x is each 80-character string as int64 tokens (the index of each character in LEAF's
     80-character vocabulary `SHAKESPEARE_LETTERS`), shape (N, 80); y is the next
-    character's token, so `num_classes` is 80. The model must embed integer tokens (no
-    built-in model does; register one). Each record's role is its natural client id.
+    character's token, so `num_classes` is 80. The model must embed integer tokens
+    (`char_transformer` does). Each record's role is its natural client id.
     """
     return _read_leaf("shakespeare", root, _encode_shakespeare)
+
+
+_WORD = re.compile(r"[a-z0-9']+")
+#: Token ids reserved by `load_sent140`: padding and words outside the vocabulary.
+SENT140_PAD, SENT140_UNKNOWN = 0, 1
+
+
+def _tweet(path: Path, user: str, record: object) -> str:
+    """LEAF's Sent140 x: the raw row [id, date, query, user, text] (the text is last), or
+    the text itself."""
+    text = record[-1] if isinstance(record, list) and record else record
+    if not isinstance(text, str):
+        raise ValueError(
+            f"{path}: user_data[{user!r}]['x'] must hold tweets (a string, or LEAF's row "
+            "whose last field is the text)"
+        )
+    return text
+
+
+def load_sent140(
+    root: str | os.PathLike[str] | None = None, vocab_size: int = 10000, max_length: int = 25
+) -> ArrayDataset:
+    """LEAF's Sent140: tweet sentiment (y 0 negative, 1 positive) by Twitter user.
+
+    Each tweet is lower-cased and split into words (``[a-z0-9']+``); the vocabulary is the
+    `vocab_size` − 2 most frequent words of the *train* split (ties by first appearance),
+    after the ids `SENT140_PAD` (0) and `SENT140_UNKNOWN` (1). x is the first
+    `max_length` word ids, padded with 0: int64 (N, max_length); a token model
+    (`char_transformer` with ``vocab_size``) embeds them. LEAF's GloVe embeddings are not
+    used. Each record's user is its natural client id.
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 3:
+        raise ValueError(f"vocab_size must be an integer >= 3, got {vocab_size!r}")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be an integer >= 1, got {max_length!r}")
+    dirs = find_leaf_dirs("sent140", root)
+    rows: dict[str, list[tuple[str, list[str], int]]] = {}
+    for split, directory in dirs.items():
+        rows[split] = []
+        for path in sorted(directory.glob("*.json")):
+            for user, (x, y) in read_leaf_json(path).items():
+                labels = _labels(path, user, y, 2)
+                for record, label in zip(x, labels, strict=True):
+                    words = _WORD.findall(_tweet(path, user, record).lower())
+                    rows[split].append((user, words, int(label)))
+    if not rows["train"]:
+        raise ValueError(f"sent140: the LEAF files under {dirs['train'].parent} list no users")
+    counts: dict[str, int] = {}
+    for _, words, _ in rows["train"]:
+        for w in words:
+            counts[w] = counts.get(w, 0) + 1
+    order = sorted(counts, key=lambda w: -counts[w])  # stable: ties keep first appearance
+    vocab = {w: i + 2 for i, w in enumerate(order[: vocab_size - 2])}
+    names = tuple(sorted({user for split in rows.values() for user, _, _ in split}))
+    index = {user: i for i, user in enumerate(names)}
+
+    def encode(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x = np.full((len(rows[split]), max_length), SENT140_PAD, dtype=np.int64)
+        for i, (_, words, _) in enumerate(rows[split]):
+            ids = [vocab.get(w, SENT140_UNKNOWN) for w in words[:max_length]]
+            x[i, : len(ids)] = ids
+        y = np.array([label for _, _, label in rows[split]], dtype=np.int64)
+        ids = np.array([index[user] for user, _, _ in rows[split]], dtype=np.int64)
+        return x, y, ids
+
+    (x_train, y_train, id_train), (x_test, y_test, id_test) = encode("train"), encode("test")
+    return ArrayDataset(
+        name="sent140",
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=2,
+        input_shape=(max_length,),
+        client_ids=id_train,
+        client_ids_test=id_test,
+        client_names=names,
+    )
 
 
 # ---------------------------------------------------------------------------- image folders

@@ -2,7 +2,6 @@
 
 from raydpfl.models import dpfl_bcs as _dpfl_bcs  # noqa: F401  (registers its models)
 from raydpfl.models import rc_dpfl as _rc_dpfl  # noqa: F401  (registers its models)
-from raydpfl.models import text as _text  # noqa: F401  (registers char_transformer)
 from raydpfl.models.zoo import (
     MLP,
     MODELS,

@@ -7,6 +7,10 @@ last position's state, predicting the next character. Inputs are int64 token ids
 shape (B, L) (the `shakespeare` reader's 80-character windows over LEAF's 80-symbol
 vocabulary); outputs are (B, vocab) logits.
 
+Registered as ``char_transformer`` by `raydpfl.config.schema` (a "module:attr" target
+with its options dataclass, so ``experiment.model.options`` is checked strictly and the
+class travels to Ray workers).
+
 DP-SGD: Embedding and attention have no book-keeping rule, so ``runtime.engine: auto``
 falls back to the torch.func (vmap) engine for it (`raydpfl.privacy.engines`); the
 attention here is written out (no fused kernel) so vmap can batch it. A recurrent model
@@ -20,8 +24,6 @@ import math
 
 import torch
 from torch import nn
-
-from raydpfl.models.zoo import register_model
 
 
 class _Block(nn.Module):
@@ -86,6 +88,3 @@ class CharTransformer(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x[:, -1]))
-
-
-register_model("char_transformer", CharTransformer)
