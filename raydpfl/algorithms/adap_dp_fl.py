@@ -15,8 +15,9 @@ has decreased over the last rounds (the spec: the last 4).
 What this module does:
 
 - Clients run τ (`local_steps`, the spec's 3) DP-SGD steps per round with the same
-  machinery as ALI-DPFL (`dp_fedavg.dp_sgd_local_update`: Poisson rate q, flat per-sample
-  clipping at C_k^t, Gaussian noise σ_t·C_k^t on the clipped sum, division by q·|D_k|).
+  machinery as ALI-DPFL (the shared loop `local_dp_sgd.dp_sgd_local_update`: Poisson
+  rate q, flat per-sample clipping at C_k^t, Gaussian noise σ_t·C_k^t on the clipped
+  sum, division by q·|D_k|).
   The server takes the |D_k|-weighted mean of the updates (FedAvg).
 - **Adaptive clip bound.** C_k^t = α · s_k, where s_k is the mean L2 norm of client k's
   *noisy* DP-SGD gradients g̃ = (Σ clip(g_i) + N(0, σ²C²I)) / (q|D_k|) in the last round
@@ -77,9 +78,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call
 
 from raydpfl.algorithms.base import (
     Algorithm,
@@ -92,14 +90,13 @@ from raydpfl.algorithms.base import (
     parameter_delta,
     uniform_cohort,
 )
-from raydpfl.algorithms.dp_fedavg import Normalizer, dp_sgd_local_update
+from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update, noisy_loss_query
 from raydpfl.privacy.accountants import (
     HistoryEntry,
     compute_epsilon,
     validate_accountant,
     validate_delta,
 )
-from raydpfl.privacy.dpsgd import add_gaussian_noise, poisson_sample
 from raydpfl.privacy.ledger import PrivacyCost
 
 LossSource = Literal["dp_followup", "metric"]
@@ -517,22 +514,22 @@ def dp_loss_query(
     B is a Poisson(q_ℓ = task.sampling_rate) sample of the client's training records,
     ℓ_i the cross-entropy of record i, L = task.clip_norm, σ_ℓ = task.noise_multiplier.
     Each record adds at most L to the sum, so this is one step of the sampled Gaussian
-    mechanism, `PrivacyCost(σ_ℓ, q_ℓ, 1)`.
+    mechanism, `PrivacyCost(σ_ℓ, q_ℓ, 1)`: FedFDP's loss upload, through the same
+    `local_dp_sgd.noisy_loss_query` (losses also clipped below at 0, a NaN loss counted
+    as L), in float32 as this algorithm always computed it.
     """
     assert task.sampling_rate is not None and task.clip_norm is not None
     n = data.num_examples
-    positions = poisson_sample(n, task.sampling_rate, ctx.generator)
-    total = torch.zeros((), device=ctx.device)
-    if positions.numel() > 0:
-        x, y = data.batch(positions)
-        with torch.no_grad():
-            logits = functional_call(ctx.model, params, (x,))
-            losses = F.cross_entropy(logits, y, reduction="none")
-        total = losses.clamp(min=0.0, max=task.clip_norm).sum().to(total.dtype)
-    noisy = add_gaussian_noise(
-        {"loss": total}, task.noise_multiplier * task.clip_norm, ctx.generator
-    )["loss"]
-    value = float(noisy) / (task.sampling_rate * n)
+    # the shared noisy loss query (FedFDP's loss upload), in the losses' float32
+    value, _ = noisy_loss_query(
+        ctx,
+        params,
+        data,
+        sampling_rate=task.sampling_rate,
+        clip_bound=task.clip_norm,
+        noise_multiplier=task.noise_multiplier,
+        precision="native",
+    )
     return ClientResult(
         client_id=task.client_id,
         update={},

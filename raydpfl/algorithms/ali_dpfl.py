@@ -54,7 +54,7 @@ from raydpfl.algorithms.base import (
     WeightedUpdateSum,
     uniform_cohort,
 )
-from raydpfl.algorithms.dp_fedavg import Normalizer, dp_sgd_local_update
+from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
 from raydpfl.privacy.ledger import PrivacyCost
 
 #: Guards the division by ‖w^i − w‖ in the μ estimate (§4.6.1 [REC]).

@@ -19,12 +19,8 @@ fraction), which are not privatised; both are listed in `unaccounted_releases`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call
 
 from raydpfl.algorithms.base import (
     Algorithm,
@@ -34,15 +30,16 @@ from raydpfl.algorithms.base import (
     ClientTask,
     Params,
     WeightedUpdateSum,
-    parameter_delta,
     uniform_cohort,
 )
+
+# The client half is the shared DP-SGD loop; `DPFedAvg.local_update` looks the name up in
+# this module at call time (benchmarks/repro/accumulator_ablation.py replaces it here).
+from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
 from raydpfl.privacy import multi_client
-from raydpfl.privacy.dpsgd import dp_sgd_step_, poisson_sample
 from raydpfl.privacy.ledger import PrivacyCost
 
-#: DP-SGD divisor of the noisy clipped sum (see `dp_sgd_local_update`).
-Normalizer = Literal["expected", "actual", "fixed"]
+__all__ = ["DPFedAvg", "Normalizer", "dp_sgd_local_update"]
 
 
 class DPFedAvg(Algorithm):
@@ -215,70 +212,3 @@ class DPFedAvg(Algorithm):
 def _group_key(task: ClientTask) -> tuple:
     """The hyperparameters every client of a vectorised group must share."""
     return (task.local_steps, task.lr, task.sampling_rate, task.clip_norm, task.noise_multiplier)
-
-
-def dp_sgd_local_update(
-    ctx: ClientContext,
-    params: Params,
-    data: ClientData,
-    task: ClientTask,
-    *,
-    normalizer: Normalizer = "expected",
-    fixed_divisor: float = 64.0,
-    track_last_loss: bool = False,
-) -> ClientResult:
-    """τ = task.local_steps DP-SGD steps from `params` (in place); returns the update.
-
-    With ``normalizer="actual"`` an empty Poisson batch skips the step (the iteration
-    still counts for privacy, A8); with ``expected`` it applies the noise-only step.
-    ``track_last_loss`` reports the batch loss change over the last step (Γ estimate).
-    """
-    assert task.sampling_rate is not None and task.clip_norm is not None
-    start = {n: p.clone() for n, p in params.items()}
-    n = data.num_examples
-    batch_sizes, clipped = [], []
-    metrics: dict[str, float] = {}
-    for step in range(task.local_steps):
-        positions = poisson_sample(n, task.sampling_rate, ctx.generator)
-        if normalizer == "actual" and positions.numel() == 0:
-            batch_sizes.append(0)
-            continue
-        x, y = data.batch(positions)
-        last = track_last_loss and step == task.local_steps - 1 and positions.numel() > 0
-        if last:
-            before = _batch_loss(ctx.model, params, x, y)
-        if normalizer == "expected":
-            divisor = task.sampling_rate * n
-        elif normalizer == "fixed":
-            divisor = fixed_divisor
-        else:
-            divisor = float(positions.numel())
-        stats = dp_sgd_step_(
-            ctx.clipping,
-            params,
-            x,
-            y,
-            lr=task.lr,
-            clip_norm=task.clip_norm,
-            noise_multiplier=task.noise_multiplier,
-            expected_batch_size=divisor,
-            generator=ctx.generator,
-        )
-        if last:
-            metrics["last_step_loss_change"] = _batch_loss(ctx.model, params, x, y) - before
-        batch_sizes.append(stats.batch_size)
-        clipped.append(stats.clipped_fraction)
-    metrics["mean_batch_size"] = float(np.mean(batch_sizes)) if batch_sizes else 0.0
-    metrics["clipped_fraction"] = float(np.mean(clipped)) if clipped else 0.0
-    return ClientResult(
-        client_id=task.client_id,
-        update=parameter_delta(params, start),
-        weight=float(n),
-        num_examples=n,
-        metrics=metrics,
-    )
-
-
-def _batch_loss(model: torch.nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> float:
-    with torch.no_grad():
-        return float(F.cross_entropy(functional_call(model, params, (x,)), y))

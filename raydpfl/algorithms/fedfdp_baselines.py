@@ -10,11 +10,12 @@
   w ← w_t − Σ F_k^q Δ_k / Σ h_k (`qffl_step`).
 
 Every client half is the one local loop `local_sgd`: non-private minibatch SGD, or (the
-``dp_`` variants) DP-SGD steps with Poisson sampling, per-sample clipping at C and
-Gaussian noise σC (`raydpfl.privacy.dpsgd.dp_sgd_step_`), one step per round in the
-paper's DP setting. Algorithm-specific terms (proximal, control variate, dynamic
-regulariser) are added to the privatised gradient; they depend on the client's data only
-through its earlier DP releases, so they are post-processing and each DP task costs
+``dp_`` variants) the DP-SGD loop the DP algorithms share
+(`raydpfl.algorithms.local_dp_sgd.dp_sgd_local_loop`: Poisson sampling, per-sample
+clipping at C, Gaussian noise σC), one step per round in the paper's DP setting.
+Algorithm-specific terms (proximal, control variate, dynamic regulariser) are the loop's
+correction hook, applied after the privatised gradient; they depend on the client's data
+only through its earlier DP releases, so they are post-processing and each DP task costs
 exactly `PrivacyCost(σ, q, τ)`. Per-client state (c_i, h_i) lives in the server half and
 travels in `ClientTask.payload`; workers are stateless. Checkpoints save it, with the
 server's c or h, as the algorithm's tensor state (`Algorithm.tensor_state`).
@@ -22,7 +23,8 @@ server's c or h, as the algorithm's tensor state (`Algorithm.tensor_state`).
 DP q-FFL needs each client's loss F_k(w_t): it is released by a ``loss`` follow-up task
 after aggregation (the loss of the new global model, clipped to [0, C_l], summed over an
 independent Poisson(q_l) batch, noise σ_l·C_l: SGM(q_l, σ_l), charged as its own task),
-exactly FedFDP's loss mechanism (`LossUpload`).
+exactly FedFDP's loss mechanism (`LossUpload`; the shared
+`local_dp_sgd.noisy_loss_query`).
 """
 
 from __future__ import annotations
@@ -46,13 +48,17 @@ from raydpfl.algorithms.base import (
     parameter_delta,
     uniform_cohort,
 )
-from raydpfl.algorithms.fedfdp_theory import next_loss_clip_bound, private_mean_loss
+from raydpfl.algorithms.fedfdp_theory import next_loss_clip_bound
+from raydpfl.algorithms.local_dp_sgd import (
+    Correction,
+    dp_sgd_local_loop,
+    noisy_loss_query,
+    per_sample_losses,
+)
 from raydpfl.algorithms.tensor_state import pack_client_tensors, pack_tensors, unpack_tensor_state
-from raydpfl.privacy.dpsgd import WeightRule, dp_sgd_step_, poisson_sample
+from raydpfl.privacy.dpsgd import WeightRule
 from raydpfl.privacy.ledger import PrivacyCost
 
-#: A client-side gradient correction: (current params, start params, payload) → term.
-Correction = Callable[[Params, Params, Mapping[str, torch.Tensor]], Params | None]
 LocalMode = Literal["epoch", "steps"]
 Normalizer = Literal["expected", "fixed"]
 
@@ -69,16 +75,6 @@ def batch_loss_and_grad(
         loss = F.cross_entropy(functional_call(model, leaves, (x,)), y)
         grads = torch.autograd.grad(loss, list(leaves.values()))
     return float(loss.detach()), dict(zip(leaves, grads, strict=True))
-
-
-def per_sample_losses(
-    model: torch.nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
-    """Per-sample cross-entropy losses (no gradient)."""
-    if x.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.float32, device=x.device)
-    with torch.no_grad():
-        return F.cross_entropy(functional_call(model, params, (x,)), y, reduction="none")
 
 
 def mean_loss(
@@ -115,70 +111,58 @@ def local_sgd(
     Non-private: `task.local_steps` minibatch steps of size `task.batch_size`, walking a
     per-round permutation (``epoch`` mode sets local_steps·batch ≈ |D_i|). `loss_scale`
     maps the batch-mean loss to a factor on the gradient (FedFair's 1 + λΔ, Eq. 9).
-    Private: `task.local_steps` DP-SGD steps on Poisson(q) batches with `weight_rule`
-    (default flat clipping at C), noise σC, divided by q·|D_i| (or a fixed divisor).
-    Then the correction term (a function of public or previously released values only)
-    is added and w ← w − η·(g + correction).
+    Private: the shared DP-SGD loop (`local_dp_sgd.dp_sgd_local_loop`): `task.local_steps`
+    steps on Poisson(q) batches with `weight_rule` (default flat clipping at C), noise σC,
+    divided by q·|D_i| (or a fixed divisor). Either way the correction term (a function of
+    public or previously released values only, at the step's start point) is applied
+    after the step: w ← w − η·g, then w ← w − η·correction.
 
     Metrics: ``first_batch_loss`` (non-private: the batch loss at the start model, which
     q-FFL uses as F_k(w_t)), ``train_loss`` (non-private mean batch loss),
     ``mean_batch_size`` and ``clipped_fraction`` (private), ``local_steps``.
     """
+    metrics: dict[str, float] = {"local_steps": float(task.local_steps)}
+    if private:  # the shared DP-SGD loop, with this algorithm's hooks
+        start, dp_metrics = dp_sgd_local_loop(
+            ctx,
+            params,
+            data,
+            task,
+            weight_rule=weight_rule,
+            correction=correction,
+            normalizer=normalizer,
+            fixed_divisor=fixed_divisor,
+        )
+        metrics.update(dp_metrics)
+        return start, metrics
     start = {n: p.detach().clone() for n, p in params.items()}
     payload = task.payload or {}
     n = data.num_examples
-    metrics: dict[str, float] = {"local_steps": float(task.local_steps)}
     losses: list[float] = []
-    sizes: list[int] = []
-    clipped: list[float] = []
-    if not private:
-        batch = min(task.batch_size or n, n)
-        order = torch.randperm(n, generator=ctx.generator, device=ctx.generator.device)
-        cursor = 0
+    batch = min(task.batch_size or n, n)
+    order = torch.randperm(n, generator=ctx.generator, device=ctx.generator.device)
+    cursor = 0
     for _ in range(task.local_steps):
         # the correction at the step's starting point (it draws no randomness)
         extra = correction(params, start, payload) if correction is not None else None
-        if private:
-            assert task.sampling_rate is not None and task.clip_norm is not None
-            positions = poisson_sample(n, task.sampling_rate, ctx.generator)
-            x, y = data.batch(positions)
-            divisor = task.sampling_rate * n if normalizer == "expected" else fixed_divisor
-            stats = dp_sgd_step_(  # w ← w − η·g, g the privatised gradient
-                ctx.clipping,
-                params,
-                x,
-                y,
-                lr=task.lr,
-                clip_norm=task.clip_norm,
-                noise_multiplier=task.noise_multiplier,
-                expected_batch_size=divisor,
-                generator=ctx.generator,
-                weight_rule=weight_rule,
-            )
-            sizes.append(stats.batch_size)
-            clipped.append(stats.clipped_fraction)
-        else:
-            if cursor + batch > n:
-                order = torch.randperm(n, generator=ctx.generator, device=ctx.generator.device)
-                cursor = 0
-            x, y = data.batch(order[cursor : cursor + batch])
-            cursor += batch
-            loss, grad = batch_loss_and_grad(ctx.model, params, x, y)
-            losses.append(loss)
-            if loss_scale is not None:
-                factor = loss_scale(loss)
-                grad = {k: g * factor for k, g in grad.items()}
-            with torch.no_grad():
-                for name, p in params.items():
-                    p.sub_(grad[name], alpha=task.lr)
+        if cursor + batch > n:
+            order = torch.randperm(n, generator=ctx.generator, device=ctx.generator.device)
+            cursor = 0
+        x, y = data.batch(order[cursor : cursor + batch])
+        cursor += batch
+        loss, grad = batch_loss_and_grad(ctx.model, params, x, y)
+        losses.append(loss)
+        if loss_scale is not None:
+            factor = loss_scale(loss)
+            grad = {k: g * factor for k, g in grad.items()}
+        with torch.no_grad():
+            for name, p in params.items():
+                p.sub_(grad[name], alpha=task.lr)
         if extra is not None:  # w ← w − η·correction
             with torch.no_grad():
                 for name, p in params.items():
                     p.sub_(extra[name], alpha=task.lr)
-    if private:
-        metrics["mean_batch_size"] = float(np.mean(sizes)) if sizes else 0.0
-        metrics["clipped_fraction"] = float(np.mean(clipped)) if clipped else 0.0
-    elif losses:
+    if losses:
         metrics["train_loss"] = float(np.mean(losses))
         metrics["first_batch_loss"] = losses[0]
     return start, metrics
@@ -272,15 +256,13 @@ def release_loss(
         {n: payload[f"w.{n}"] for n in params} if payload else {n: p for n, p in params.items()}
     )
     n = data.num_examples
-    positions = poisson_sample(n, task.sampling_rate, ctx.generator)
-    x, y = data.batch(positions)
-    losses = per_sample_losses(ctx.model, model_params, x, y)
-    noisy = private_mean_loss(
-        losses,
+    noisy, losses = noisy_loss_query(  # the shared noisy loss query, in float64
+        ctx,
+        model_params,
+        data,
+        sampling_rate=task.sampling_rate,
         clip_bound=float(task.extras["loss_clip"]),
         noise_multiplier=task.noise_multiplier,
-        denominator=task.sampling_rate * n,
-        generator=ctx.generator,
     )
     raw = float(losses.mean()) if losses.numel() else float("nan")
     return ClientResult(

@@ -37,6 +37,7 @@ import torch
 from scipy.optimize import minimize_scalar
 
 from raydpfl.algorithms.ali_dpfl_theory import _paper_bisection
+from raydpfl.algorithms.local_dp_sgd import clip_losses, private_mean_loss
 from raydpfl.privacy.accountants import (
     ACCOUNTANTS,
     HistoryEntry,
@@ -44,7 +45,7 @@ from raydpfl.privacy.accountants import (
     validate_delta,
 )
 from raydpfl.privacy.calibration import largest_feasible_steps
-from raydpfl.privacy.dpsgd import CLIP_EPS, standard_normal_like
+from raydpfl.privacy.dpsgd import CLIP_EPS
 
 __all__ = [
     "LOSS_CLIP_FLOOR",
@@ -240,66 +241,9 @@ def fair_clip_weights_paper(
 # --------------------------------------------------------------------------------------- #
 # The loss upload (Eqs. 14–15)
 # --------------------------------------------------------------------------------------- #
-def clip_losses(losses: torch.Tensor, bound: float) -> torch.Tensor:
-    """clip(ℓ) = min(C_l, max(0, ℓ)) per sample (Eq. 15).
-
-    The map is total and bounded: +inf → C_l, −inf → 0, and NaN → C_l (a NaN loss is
-    treated as the largest possible one). Passing a NaN through would make the release
-    NaN, which depends on a single record and has no sensitivity bound.
-
-    Args:
-        losses: Tensor of per-sample losses.
-        bound: C_l ≥ 0.
-    """
-    bound = _non_negative(bound, "bound")
-    if not isinstance(losses, torch.Tensor):
-        raise ValueError("losses must be a torch.Tensor")
-    return torch.nan_to_num(losses, nan=bound, posinf=bound, neginf=0.0).clamp(0.0, bound)
-
-
-def private_mean_loss(
-    losses: torch.Tensor,
-    *,
-    clip_bound: float,
-    noise_multiplier: float,
-    denominator: float,
-    generator: torch.Generator,
-) -> float:
-    """F̃_i = (Σ_j clip(ℓ_j) + N(0, (σ_l·C_l)²)) / denominator (Eq. 14, Alg. 2 L9–L11).
-
-    The clipped sum has sensitivity C_l under add/remove-one-record, so with a Poisson(q_l)
-    batch this is SGM(q_l, σ_l) whatever C_l is (the noise scales with C_l); it is charged
-    once per round by `fedfdp_history`.
-
-    The paper divides by the realised |B_i|; that count is data-dependent and is not
-    covered by the SGM analysis. Pass the expected batch q_l·|D_i| (§11 A4 [REC], as
-    `raydpfl.privacy.dpsgd` does for gradients) or a fixed constant; an empty batch then
-    still releases pure noise, as it must.
-
-    Args:
-        losses: 1-D tensor of per-sample losses of the updated local model on the loss
-            batch (may be empty).
-        clip_bound: C_l ≥ 0 of this round (0 releases exactly 0, with no noise).
-        noise_multiplier: σ_l ≥ 0.
-        denominator: > 0, data-independent.
-        generator: The client's RNG stream; one standard normal is drawn from it.
-
-    Returns:
-        The noisy mean loss (a Python float, may be negative).
-    """
-    clip_bound = _non_negative(clip_bound, "clip_bound")
-    noise_multiplier = _non_negative(noise_multiplier, "noise_multiplier")
-    denominator = _positive(denominator, "denominator")
-    if not isinstance(losses, torch.Tensor) or losses.ndim != 1:
-        raise ValueError("losses must be a 1-D torch.Tensor (one value per sample)")
-    total = float(clip_losses(losses, clip_bound).double().sum())
-    # torch.randn((), generator, dtype=float64) in research mode; os.urandom when secure.
-    z = float(
-        standard_normal_like(
-            torch.empty((), device=generator.device, dtype=torch.float64), generator
-        )
-    )
-    return (total + noise_multiplier * clip_bound * z) / denominator
+# `clip_losses` (Eq. 15) and `private_mean_loss` (Eq. 14, Alg. 2 L9–L11) are the noisy
+# loss query the DP algorithms share (`raydpfl.algorithms.local_dp_sgd`, imported above):
+# Adap DP-FL's schedule loss is the same mechanism. FedFDP uses it in float64.
 
 
 def next_loss_clip_bound(

@@ -50,7 +50,7 @@ from raydpfl.algorithms.base import (
     ClientTask,
     Params,
 )
-from raydpfl.algorithms.dp_fedavg import dp_sgd_local_update
+from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_update
 from raydpfl.algorithms.multi_model import (
     ALL_MODELS,
     GLOBAL_MODEL,

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask, Params
-from raydpfl.algorithms.dp_fedavg import dp_sgd_local_update
+from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_loop, dp_sgd_local_update
 from raydpfl.algorithms.multi_model import GLOBAL_MODEL
 from raydpfl.algorithms.rc_dpfl import (
     ClusteredDPFL,
@@ -233,7 +233,8 @@ class MrMtl(ClusteredDPFL):
     Each client keeps a personal model θ_i (model key ``c{i}``) and the server the mean θ̄
     of the personal models (key ``mean``). A round: client i runs K·⌈N_i/b⌉ DP-SGD steps on
     its objective f_i(θ_i) + (λ/2)‖θ_i − θ̄‖²; the regulariser's gradient λ(θ_i − θ̄) does
-    not touch the data and is added after the privatised gradient (no privacy cost). The
+    not touch the data and is added to the privatised gradient (no privacy cost): the
+    shared DP-SGD loop's correction hook, fused into one update θ_i ← θ_i − η·(g + λ(θ_i − θ̄)). The
     server sets θ_i ← θ_i + Δ_i and θ̄ ← the N-weighted mean of the θ_i. λ = 0 is local
     training.
 
@@ -296,7 +297,6 @@ class MrMtl(ClusteredDPFL):
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
         from raydpfl.algorithms.multi_model import is_multi_model, model_params
-        from raydpfl.privacy.dpsgd import dp_sgd_gradient, poisson_sample
 
         if is_multi_model(params):
             own = model_params(params, f"c{task.client_id}")
@@ -304,23 +304,18 @@ class MrMtl(ClusteredDPFL):
         else:  # round 1: every model is θ^init
             own = mean = params
         theta = {n: t.detach().clone() for n, t in own.items()}
-        start = {n: t.clone() for n, t in theta.items()}
+        reg = self.reg_weight
+
+        def pull_to_mean(current: Params, start: Params, payload: Any) -> Params:
+            """λ(θ_i − θ̄) at the step's start point: reads θ̄ only (no data, no cost)."""
+            return {name: reg * (p - mean[name]) for name, p in current.items()}
+
+        # The shared DP-SGD loop; fused: θ ← θ − η·(g + λ(θ − θ̄)), the order MR-MTL was
+        # published with. Its diagnostics are not part of MR-MTL's results.
+        start, _ = dp_sgd_local_loop(
+            ctx, theta, data, task, correction=pull_to_mean, fused_correction=True
+        )
         n = data.num_examples
-        assert task.sampling_rate is not None and task.clip_norm is not None
-        for _ in range(task.local_steps):
-            x, y = data.batch(poisson_sample(n, task.sampling_rate, ctx.generator))
-            grad, _ = dp_sgd_gradient(
-                ctx.clipping,
-                theta,
-                x,
-                y,
-                clip_norm=task.clip_norm,
-                noise_multiplier=task.noise_multiplier,
-                expected_batch_size=task.sampling_rate * n,
-                generator=ctx.generator,
-            )
-            for name, p in theta.items():
-                p.sub_(grad[name] + self.reg_weight * (p - mean[name]), alpha=task.lr)
         return ClientResult(
             client_id=task.client_id,
             update={k: theta[k] - start[k] for k in theta},
