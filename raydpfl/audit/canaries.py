@@ -2,8 +2,10 @@
 
 Nothing here re-implements a mechanism. The audited algorithms are the real
 `DPFedAvg` and `DPFedAvgClientLevel` (subclasses that keep their plan, their privacy
-costs, their clipping and their noise) with two additions: canaries enter through a
-documented door, and the server half records what the threat model's adversary sees.
+costs, their clipping and their noise), and at the record level any algorithm of the
+shared DP-SGD loop (`audited_loop_algorithm`: a subclass of the run's own algorithm class,
+made at run time, with the same state), with two additions: canaries enter through a
+documented door, and the algorithm records what the threat model's adversary sees.
 
 - **The probe** (`ProbedModel`): the experiment's model plus one tensor of m parameters
   (``audit_probe.weight``, shape (1, m)) that the output does not depend on (it enters
@@ -17,6 +19,20 @@ documented door, and the server half records what the threat model's adversary s
   passes the batch's ordinary rows to the worker's real clipping engine and gives each
   sampled canary the per-sample gradient G·e_j, weighted by the same weight rule (the
   real clipping, min(1, C/‖g‖)), into the same noisy sum the real step draws.
+- **Null-record gradient canaries** (record level, the algorithms that run the shared
+  DP-SGD loop, `raydpfl.algorithms.local_dp_sgd.dp_sgd_local_loop`, other than
+  dp_fedavg): every canary row is in its owner's training records whether it is in or
+  out, as an ordinary record (a zero input with a valid label) that every loss query,
+  batch count and |D_i| sees alike. `StepCanaryEngine`, around the worker's real
+  clipping engine, gives a canary that is in the per-sample gradient G·e_j and one that
+  is out the gradient 0 (norm 0: it adds nothing to any sum), both through the step's
+  real weight rule (FedFDP's fair clipping included, with the row's real loss), into the
+  noisy sum the real step drew. A record whose gradient is 0 changes no noisy sum, so in
+  vs out is exactly add/remove for every DP-SGD release, while |D_i|, q, σ, the Poisson
+  batch sizes and every non-probe coordinate are the same whichever canaries are in.
+  The engine records each step's noisy sum on the owner's probe coordinates (the
+  `LoopAudit` mixin keeps them, with the step's q, σ and C, and the privacy cost of
+  every task whose steps it saw).
 - **Canary clients** (client level): clients appended to the population whose raw update
   is G·e_j when included and 0 when not (under the fixed-denominator estimator a client
   whose update is 0 contributes exactly what a removed client contributes). The update
@@ -39,6 +55,7 @@ from torch import nn
 
 from raydpfl.algorithms import dp_fedavg_client as client_level
 from raydpfl.algorithms.base import (
+    Algorithm,
     ClientContext,
     ClientData,
     ClientResult,
@@ -48,6 +65,7 @@ from raydpfl.algorithms.base import (
 )
 from raydpfl.algorithms.dp_fedavg import DPFedAvg
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
+from raydpfl.algorithms.local_dp_sgd import per_sample_losses
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.privacy.dpsgd import ClippedSumEngine, StepStats, WeightRule, needs_losses
 from raydpfl.simulation.worker import ModelSpec
@@ -194,6 +212,183 @@ def add_canary_records(
         mine = np.flatnonzero((owners == k) & included) + base
         train.append(np.concatenate([idx, mine]).astype(np.int64))
     return dataclasses.replace(dataset, x=x, y=y, client_train=tuple(train))
+
+
+# ---- record level, the shared DP-SGD loop: null-record gradient canaries ------------------------
+class NullCanaryData(ClientData):
+    """A client's `ClientData` that remembers its last batch's pool rows, so that
+    `StepCanaryEngine` can tell which rows of the batch it is handed are canaries (rows at
+    or after `first_canary_row`). Every other reader sees ordinary records."""
+
+    first_canary_row: int
+    last_batch: tuple[torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def of(cls, data: ClientData, first_canary_row: int) -> NullCanaryData:
+        out = cls(data.client_id, data.x, data.y, data.indices)
+        out.first_canary_row = int(first_canary_row)
+        out.last_batch = None
+        return out
+
+    def batch(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.indices[positions]
+        x, y = self.x[rows], self.y[rows]
+        self.last_batch = (x, rows)
+        return x, y
+
+    def canary_ids(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Canary index per row of `x` (−1 for a real record), if `x` is the last batch."""
+        if self.last_batch is None or x is not self.last_batch[0]:
+            return None
+        rows = self.last_batch[1]
+        return torch.where(rows >= self.first_canary_row, rows - self.first_canary_row, -1)
+
+
+class StepCanaryEngine:
+    """A `ClippedSumEngine` around the worker's real one for one task of a `LoopAudit`
+    algorithm (module docstring, null-record gradient canaries).
+
+    Real rows go to the real engine; canary rows get the per-sample gradient G·e_j (in)
+    or 0 (out) through `weight_rule`, added into the step's noisy sum. Each call then
+    records the noisy sum on the owner's canaries' probe coordinates, in units of C.
+    """
+
+    def __init__(
+        self,
+        inner: ClippedSumEngine,
+        model: nn.Module,
+        data: NullCanaryData,
+        audit: LoopAudit,
+        task: ClientTask,
+    ) -> None:
+        self.inner, self.model, self.data, self.audit, self.task = inner, model, data, audit, task
+        self.calls = 0
+
+    def clipped_sum(
+        self,
+        params: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight_rule: WeightRule,
+        *,
+        into: Params | None = None,
+    ) -> tuple[Params, StepStats]:
+        task, audit = self.task, self.audit
+        if into is None and task.noise_multiplier * (task.clip_norm or 0.0) > 0:
+            raise RuntimeError(
+                "the white-box audit reads each DP-SGD step's noisy sum, which this "
+                "algorithm's step does not hand to the clipping engine (a fused update)"
+            )
+        self.calls += 1
+        ids = self.data.canary_ids(x)
+        canary = ids >= 0 if ids is not None else None
+        if canary is None or not bool(canary.any()):
+            total, stats = self.inner.clipped_sum(params, x, y, weight_rule, into=into)
+        else:
+            real = ~canary
+            total, stats = self.inner.clipped_sum(params, x[real], y[real], weight_rule, into=into)
+            js = ids[canary]
+            probe = total[PROBE]
+            inside = torch.as_tensor(audit.audit_included, device=js.device)[js]
+            assert task.clip_norm is not None
+            norms = inside.to(probe.dtype) * (audit.audit_norm_factor * task.clip_norm)
+            if needs_losses(weight_rule):
+                # the rows' real losses at the step's parameters (the same in or out)
+                losses = per_sample_losses(self.model, params, x[canary], y[canary])
+                weights = weight_rule(norms, losses.to(probe.dtype))  # type: ignore[call-arg]
+            else:
+                weights = weight_rule(norms)  # type: ignore[call-arg]
+            probe[0].index_add_(0, js.to(probe.device), weights * norms)
+            n_real, n_canary = stats.batch_size, int(js.numel())
+            clipped = round(stats.clipped_fraction * n_real) + int(
+                ((weights < 1.0) & inside).sum()
+            )
+            norm_sum = stats.mean_norm * n_real + float(norms.sum())
+            stats = StepStats.of(n_real + n_canary, clipped, norm_sum)
+        audit.record_step(task, total[PROBE])
+        return total, stats
+
+
+class LoopAudit:
+    """Mixin of `audited_loop_algorithm`: the client half trains through
+    `StepCanaryEngine` and `NullCanaryData`, one client at a time; the steps' noisy sums
+    on the probe and the costs of the tasks that ran them are kept here (the local
+    backend runs the client half on this very object)."""
+
+    #: A canary's raw gradient norm over the task's clip bound C (`CANARY_NORM_FACTOR`).
+    audit_norm_factor: float
+    audit_included: np.ndarray
+    audit_of_client: dict[int, np.ndarray]
+    audit_first_row: int
+    #: Per client: the costs of the tasks whose DP-SGD steps the engine saw.
+    audit_costs: dict[int, list]
+    #: Per canary: Σ log-likelihood ratios, Σ z, and the steps of its owner.
+    audit_llr: np.ndarray
+    audit_sum: np.ndarray
+    audit_steps: np.ndarray
+
+    def supports_group(self, tasks: Sequence[ClientTask]) -> bool:
+        return False  # one client at a time, through the wrapped engine
+
+    def local_update(
+        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
+    ) -> ClientResult:
+        wrapped = NullCanaryData.of(data, self.audit_first_row)
+        engine = StepCanaryEngine(ctx.clipping, ctx.model, wrapped, self, task)
+        ctx = dataclasses.replace(ctx, clipping=engine)
+        result = super().local_update(ctx, params, wrapped, task)  # type: ignore[misc]
+        # Every training task's cost counts (one whose steps all skipped an empty batch
+        # included); follow-ups that never reach the loop (loss uploads, cluster
+        # choices, μ statistics) are other mechanisms, outside the view.
+        if task.privacy_cost is not None and (engine.calls or task.kind == "train"):
+            self.audit_costs.setdefault(task.client_id, []).append(task.privacy_cost)
+        return result
+
+    def record_step(self, task: ClientTask, probe: torch.Tensor) -> None:
+        """One step's noisy sum on the probe: scores for the task client's canaries."""
+        js = self.audit_of_client.get(task.client_id)
+        if js is None or not len(js):
+            return
+        assert task.clip_norm is not None and task.sampling_rate is not None
+        z = probe[0, torch.as_tensor(js, device=probe.device)].double().cpu().numpy()
+        z = z / task.clip_norm
+        self.audit_sum[js] += z
+        self.audit_llr[js] += step_llr(z, task.sampling_rate, task.noise_multiplier)
+        self.audit_steps[js] += 1
+
+
+def step_llr(z: np.ndarray, rate: float, sigma: float) -> np.ndarray:
+    """Log-likelihood ratio of "in" vs "out" for one step's release z = B + N(0, σ²) (units
+    of C), B ~ Bernoulli(rate) if in, 0 if out."""
+    shift = (np.asarray(z, dtype=np.float64) - 0.5) / sigma**2
+    if rate >= 1.0:
+        return shift
+    return np.logaddexp(math.log1p(-rate), math.log(rate) + shift)
+
+
+def audited_loop_algorithm(
+    algo: Algorithm,
+    owners: np.ndarray,
+    included: np.ndarray,
+    first_row: int,
+    norm_factor: float = CANARY_NORM_FACTOR,
+) -> Algorithm:
+    """`algo` as an instance of a subclass of its own class with `LoopAudit` mixed in
+    (the same state: its plan, costs, hooks and noise are its own)."""
+    cls = type(algo)
+    audited = type(f"Audited{cls.__name__}", (LoopAudit, cls), {"__module__": __name__})
+    out = audited.__new__(audited)
+    out.__dict__.update(algo.__dict__)
+    m = len(owners)
+    out.audit_norm_factor = float(norm_factor)
+    out.audit_included = np.asarray(included, dtype=bool)
+    out.audit_of_client = {int(c): np.flatnonzero(owners == c) for c in np.unique(owners)}
+    out.audit_first_row = int(first_row)
+    out.audit_costs = {}
+    out.audit_llr = np.zeros(m)
+    out.audit_sum = np.zeros(m)
+    out.audit_steps = np.zeros(m, dtype=np.int64)
+    return out
 
 
 # ---- client level: canary clients ---------------------------------------------------------------

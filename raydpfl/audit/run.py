@@ -5,15 +5,31 @@ Modes and their threat models (README "Audit the privacy claim"):
 
 ================  ==========================================================================
 record, white-box The adversary is the server: it sees every participating client's released
-                  update in every round (what a record-level DP-FedAvg client sends, and what
+(dp_fedavg)       update in every round (what a record-level DP-FedAvg client sends, and what
                   its ledger's ε covers), and it chose the canaries' gradients: canary j is a
                   training record whose per-sample gradient is a Dirac G·e_j (G = 100C) on a
                   probe coordinate no real record touches. Score: the likelihood ratio of
                   its coordinate's releases over the rounds its client took part in.
+record, white-box The algorithms of the shared DP-SGD loop (`LOOP_AUDITABLE`: ALI-DPFL,
+(loop)            Adap DP-FL, FedFDP and its dp_ baselines, the RC-DPFL family, ...). The
+                  adversary sees every DP-SGD step's noisy sum Σ a_i g_i + N(0, σ²C²) of
+                  every participating client (the releases each task's ledger charge
+                  covers, before any divisor, correction or server step), and it chose
+                  the canaries: canary j is a record of its client in or out, whose
+                  gradient is G·e_j (G = 100C) when in and 0 when out (a null record,
+                  so |D_i|, q, σ, the batches and all losses do not depend on which are
+                  in). Score: Σ over its client's steps of the step's likelihood ratio
+                  (Bernoulli(q)·1 + N(0, σ²) vs N(0, σ²), z in units of C), or Σ z.
+                  The claim it is set beside: the accountant's ε of those steps alone
+                  (`AuditResult.epsilon_audited`); where the algorithm also releases a
+                  separately charged mechanism (FedFDP's and Adap DP-FL's noisy loss,
+                  DP q-FFL's F_k, RC-DPFL's private cluster choice) that is below the
+                  run's ε, and the view does not contain that release.
 record, black-box The adversary sees only the final model and queries its loss. Canary j is
                   a mislabelled, out-of-distribution record (a random Gaussian input with a
-                  random label). Score: the decrease of its loss from the initial to the
-                  final model.
+                  random label), in its client's data only when in. Score: the decrease
+                  of its loss from the initial to the final model (for multi-model runs,
+                  the model that scores its client). Compared with the run's ε.
 client, white-box The adversary sees every round's released model (each noisy aggregate) and
                   controls canary clients: canary client j's update is G·e_j (G = 100S) on the
                   probe, 0 when it is "out". Score: the likelihood ratio over every round's
@@ -48,21 +64,58 @@ from torch.func import functional_call
 
 from raydpfl.algorithms.dp_fedavg import DPFedAvg
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
+from raydpfl.algorithms.multi_model import model_params
 from raydpfl.audit import canaries as cn
 from raydpfl.audit.bound import correct_guesses, epsilon_lower_bound
 from raydpfl.config.load import config_from_dict, dump_config, load_config
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.experiment.build import build_experiment, run_experiment
+from raydpfl.privacy.accountants import compute_epsilon_extended
 from raydpfl.simulation.experiment import Experiment
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, numpy_rng
 
-__all__ = ["MODES", "SCORES", "AuditResult", "audit"]
+__all__ = ["AUDITABLE", "LOOP_AUDITABLE", "MODES", "SCORES", "AuditResult", "audit"]
 
 MODES = ("white-box", "black-box")
 SCORES = ("lr", "sum")
+#: Record-level algorithms whose client half is the shared DP-SGD loop
+#: (`raydpfl.algorithms.local_dp_sgd.dp_sgd_local_loop`, each step through
+#: `dpsgd.dp_sgd_step_`): audited with null-record gradient canaries (`canaries.LoopAudit`).
+LOOP_AUDITABLE = (
+    "dp_fedavg_fixed_tau",
+    "ali_dpfl",
+    "adap_dp_fl",
+    "rc_dpfl",
+    "rc_dp_fedavg",
+    "o_cdpfl",
+    "rc_local",
+    "km_cdpfl",
+    "fedfdp",
+    "dp_fedprox",
+    "dp_scaffold",
+    "dp_feddyn",
+    "dp_qffl",
+)
 #: The algorithms the audit knows how to put canaries into, and their privacy unit.
-AUDITABLE = {"dp_fedavg": "record", "dp_fedavg_client": "client"}
+AUDITABLE = {
+    "dp_fedavg": "record",
+    "dp_fedavg_client": "client",
+    **{name: "record" for name in LOOP_AUDITABLE},
+}
+#: Private algorithms the audit refuses, and why (the refusal names the reason).
+NOT_AUDITABLE = {
+    "mr_mtl": "its fused DP-SGD update never hands the noisy sum to the clipping engine",
+    "f_cdpfl": "its initial cluster models are built before the audit's probe is added",
+    "dpfl_bcs": "its full-batch Laplace/Gaussian step is not the DP-SGD loop",
+    "bcs_privatefl": "its full-batch noisy step is not the DP-SGD loop",
+    **{
+        name: "a DPFL-BCS baseline: its full-batch noisy step is not the DP-SGD loop"
+        for name in ("bcs_dpsgd", "bcs_dmldp", "bcs_weiavg", "bcs_pfa", "bcs_privatefl_bcs")
+    },
+    "pe_dpfl": "it perturbs the output of non-private local training, not DP-SGD steps",
+    "dp_ftrl_client": "a client-level tree mechanism, not DP-FedAvg's Gaussian sum",
+}
 
 
 @dataclass(frozen=True)
@@ -83,6 +136,11 @@ class AuditResult:
         score: How canaries were scored (``lr``, ``sum``; black-box: ``loss`` or ``final``).
         summary: The audited run's summary.json.
         scores, inclusion: Per canary (for re-analysis).
+        epsilon_audited: The accountant's ε of exactly the releases the adversary's view
+            is made of, at δ (max over the canaries' clients): below `epsilon_claimed`
+            where the white-box view leaves out a separately charged mechanism (FedFDP's
+            and Adap DP-FL's noisy loss, RC-DPFL's private cluster choice); else equal.
+            A lower bound above it is a bug.
     """
 
     unit: str
@@ -101,6 +159,7 @@ class AuditResult:
     summary: dict[str, Any] = field(repr=False)
     scores: np.ndarray = field(repr=False)
     inclusion: np.ndarray = field(repr=False)
+    epsilon_audited: float | None = None
 
     @property
     def guesses(self) -> int:
@@ -123,6 +182,12 @@ class AuditResult:
             f"{self.epsilon_lower_bound:.3f} at {self.confidence:.0%} confidence "
             f"(delta={self.delta:g}); accountant ({self.accountant}): epsilon = "
             f"{self.epsilon_claimed:.3f}"
+            + (
+                f" (the audited DP-SGD releases alone: {self.epsilon_audited:.3f})"
+                if self.epsilon_audited is not None
+                and not math.isclose(self.epsilon_audited, self.epsilon_claimed)
+                else ""
+            )
         )
 
 
@@ -143,7 +208,10 @@ def audit(
     The run is in-process (``runtime.backend=local``: the same mechanism, bit for bit, as
     on Ray) without checkpoints; everything else is the config's. A dp_fedavg run is
     audited at the record level, a dp_fedavg_client run at the client level (canary
-    clients are added to its population, so its accountant's ε is the audited run's own).
+    clients are added to its population, so its accountant's ε is the audited run's own),
+    and a run of any algorithm in `LOOP_AUDITABLE` at the record level through its DP-SGD
+    steps (this module's docstring). Other algorithms are refused (`NOT_AUDITABLE` says
+    why for the private ones).
 
     Args:
         config: As for `raydpfl.run_simulation` (a Config, a mapping, a YAML path, None).
@@ -172,6 +240,8 @@ def audit(
     cfg = _to_config(config, overrides)
     if run_dir is not None:
         check_run_dir_free(run_dir)
+    if cfg.experiment.algorithm.name in NOT_AUDITABLE:  # refused before loading any data
+        _refuse(cfg.experiment.algorithm.name)
     base = build_experiment(cfg)
     unit = _unit_of(cfg, base)
     seed = cfg.runtime.seed
@@ -198,11 +268,11 @@ def audit(
     if run_dir is not None:
         out = prepare_run_dir(run_dir)
         summary = run_experiment(exp, out)
-        scores, score_name = finish(exp, out, mode, score)
+        scores, score_name, audited = finish(exp, out, mode, score)
     else:
         with tempfile.TemporaryDirectory(prefix="raydpfl-audit-") as tmp:
             summary = run_experiment(exp, Path(tmp))
-            scores, score_name = finish(exp, Path(tmp), mode, score)
+            scores, score_name, audited = finish(exp, Path(tmp), mode, score)
             summary.pop("run_dir", None)
     correct = correct_guesses(scores, included, k_plus, k_minus, rng)
     delta = float(summary["delta"])
@@ -225,6 +295,7 @@ def audit(
         summary=summary,
         scores=scores,
         inclusion=included,
+        epsilon_audited=float(summary["epsilon_max"]) if audited is None else audited,
     )
     if run_dir is not None:
         path = Path(run_dir) / "audit.json"
@@ -257,24 +328,36 @@ def _unit_of(cfg: Config, exp: Experiment) -> str:
     if not exp.algorithm.is_private:
         raise ConfigError(
             "experiment.algorithm.name",
-            f"{name!r} is not private: there is no "
-            "epsilon to audit (audit a dp_fedavg or dp_fedavg_client run)",
+            f"{name!r} is not private: there is no epsilon to audit (auditable: "
+            f"{', '.join(AUDITABLE)})",
         )
-    kinds = {"record": DPFedAvg, "client": DPFedAvgClientLevel}
+    kinds = {"dp_fedavg": DPFedAvg, "dp_fedavg_client": DPFedAvgClientLevel}
     unit = AUDITABLE.get(name)
-    if unit is None or type(exp.algorithm) is not kinds[unit]:
-        raise ConfigError(
-            "experiment.algorithm.name",
-            f"the audit puts canaries into "
-            f"dp_fedavg (record level) and dp_fedavg_client (client level) runs, "
-            f"not {name!r}",
-        )
-    if not exp.algorithm.noise_multiplier > 0:
+    exact = kinds.get(name)
+    if unit is None or (exact is not None and type(exp.algorithm) is not exact):
+        _refuse(name)
+    if not _least_noise(exp.algorithm) > 0:
         raise ConfigError(
             "experiment.privacy.noise_multiplier",
             "is 0: the run adds no noise and is not private; there is no epsilon to audit",
         )
     return unit
+
+
+def _refuse(name: str) -> None:
+    why = f" ({NOT_AUDITABLE[name]})" if name in NOT_AUDITABLE else ""
+    raise ConfigError(
+        "experiment.algorithm.name",
+        f"the audit puts canaries into {', '.join(AUDITABLE)} runs, not {name!r}{why}",
+    )
+
+
+def _least_noise(algo: Any) -> float:
+    """σ of the run (the smallest of the per-client σ_i where there are several)."""
+    several = getattr(algo, "noise_multipliers", None)
+    if several is not None:
+        return float(min(several)) if len(several) else 0.0
+    return float(getattr(algo, "noise_multiplier", 0.0))
 
 
 def _as_list(overrides: Iterable[str]) -> list[str]:
@@ -311,6 +394,8 @@ def _record_level(
 ):
     ds = base.dataset
     owners = rng.permutation(np.arange(m) % ds.num_clients)
+    if cfg.experiment.algorithm.name != "dp_fedavg":
+        return _record_level_loop(cfg, base, owners, included, mode, rng)
     if mode == "white-box":
         x_rows = np.zeros((m, *ds.input_shape), dtype=ds.x.dtype)
         y_rows = -1 - np.arange(m)  # gradient canary j (GradientCanaryEngine)
@@ -334,7 +419,8 @@ def _record_level(
     def finish(exp: Experiment, out: Path, mode: str, score: str):
         if mode == "white-box":
             assert isinstance(exp.algorithm, cn.AuditedDPFedAvg)
-            return cn.record_white_box_scores(exp.algorithm, owners, normalisers, score), score
+            scores = cn.record_white_box_scores(exp.algorithm, owners, normalisers, score)
+            return scores, score, None
         final = _final_params(out)
         model = exp.model_spec.build()
         x = torch.as_tensor(x_rows)
@@ -342,9 +428,89 @@ def _record_level(
         with torch.no_grad():
             before = F.cross_entropy(functional_call(model, init, (x,)), y, reduction="none")
             after = F.cross_entropy(functional_call(model, final, (x,)), y, reduction="none")
-        return (before - after).double().numpy(), "loss"
+        return (before - after).double().numpy(), "loss", None
 
     return exp, finish
+
+
+def _record_level_loop(
+    cfg: Config,
+    base: Experiment,
+    owners: np.ndarray,
+    included: np.ndarray,
+    mode: str,
+    rng: np.random.Generator,
+):
+    """Record level for the algorithms of the shared DP-SGD loop (`LOOP_AUDITABLE`).
+
+    White-box: null-record gradient canaries (`canaries.LoopAudit`): every canary row is
+    in its owner's data, in or out; the view is each DP-SGD step's noisy sum on the
+    probe, the claim to beat the ε of those steps alone. Black-box: as for dp_fedavg
+    (mislabelled out-of-distribution records, in the data only when in), scored on the
+    final model that evaluates the canary's client (its cluster's, for multi-model runs).
+    """
+    ds = base.dataset
+    m = len(owners)
+    if mode == "white-box":
+        x_rows = np.zeros((m, *ds.input_shape), dtype=ds.x.dtype)
+        y_rows = np.arange(m) % ds.num_classes
+        present = np.ones(m, dtype=bool)  # out = a record whose gradient is 0
+    else:
+        scale = float(np.std(ds.x)) or 1.0
+        x_rows = (rng.standard_normal((m, *ds.input_shape)) * 2.0 * scale).astype(ds.x.dtype)
+        y_rows = rng.integers(0, ds.num_classes, m)
+        present = included
+    augmented = cn.add_canary_records(ds, x_rows, y_rows, owners, present)
+    exp = build_experiment(cfg, dataset=augmented)
+    if mode == "white-box":
+        exp.algorithm = cn.audited_loop_algorithm(exp.algorithm, owners, included, len(ds.x))
+        exp.model_spec = cn.probed_spec(exp.model_spec, m)
+        exp.init_params = cn.probed_params(exp.init_params, m)
+    init = {n: t.clone() for n, t in exp.init_params.items()}
+
+    def finish(exp: Experiment, out: Path, mode: str, score: str):
+        if mode == "white-box":
+            algo = exp.algorithm
+            assert isinstance(algo, cn.LoopAudit)
+            if not algo.audit_steps.any():
+                raise RuntimeError(
+                    "the audited run recorded no DP-SGD step of any canary's client"
+                )
+            scores = algo.audit_sum if score == "sum" else algo.audit_llr
+            return scores.copy(), score, _audited_epsilon(exp, algo, owners)
+        final = _final_params(out)
+        keys = exp.algorithm.evaluation_model_keys(ds.num_clients)
+        model = exp.model_spec.build()
+        x = torch.as_tensor(x_rows)
+        y = torch.as_tensor(y_rows, dtype=torch.int64)
+        with torch.no_grad():
+            before = F.cross_entropy(functional_call(model, init, (x,)), y, reduction="none")
+            if keys is None:
+                logits = functional_call(model, final, (x,))
+            else:  # each canary scored by the model of its client's cluster
+                logits = torch.empty_like(functional_call(model, init, (x,)))
+                for key in set(keys[int(c)] for c in owners):
+                    rows = torch.as_tensor(np.flatnonzero([keys[int(c)] == key for c in owners]))
+                    logits[rows] = functional_call(model, model_params(final, key), (x[rows],))
+            after = F.cross_entropy(logits, y, reduction="none")
+        return (before - after).double().numpy(), "loss", None
+
+    return exp, finish
+
+
+def _audited_epsilon(exp: Experiment, algo: cn.LoopAudit, owners: np.ndarray) -> float:
+    """The accountant's ε of the tasks whose DP-SGD steps the white-box view read, per
+    canary-owning client at its δ; the largest."""
+    ledger = exp.ledger
+    assert ledger is not None
+    eps = 0.0
+    for c in np.unique(owners):
+        costs = algo.audit_costs.get(int(c), [])
+        history = [cost.history_entry() for cost in costs]
+        eps = max(
+            eps, compute_epsilon_extended(history, ledger.delta_of(int(c)), ledger.accountant)
+        )
+    return float(eps)
 
 
 # ---- client level ------------------------------------------------------------------------------
@@ -366,9 +532,9 @@ def _client_level(cfg: Config, base: Experiment, m: int, included: np.ndarray):
         algo = exp.algorithm
         assert isinstance(algo, cn.AuditedDPFedAvgClient)
         if mode == "white-box":
-            return cn.client_white_box_scores(algo, score), score
+            return cn.client_white_box_scores(algo, score), score, None
         final = _final_params(out)
-        return final[cn.PROBE][0].double().numpy() - init_probe, "final"
+        return final[cn.PROBE][0].double().numpy() - init_probe, "final", None
 
     return exp, finish
 

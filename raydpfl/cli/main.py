@@ -155,7 +155,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "accountant's epsilon (Steinke, Nasr & Jagielski 2023)",
     )
     aud.add_argument(
-        "config", help="a dp_fedavg (record level) or dp_fedavg_client (client level) config"
+        "config",
+        help="a config of dp_fedavg_client (client level), dp_fedavg or an algorithm of the "
+        "shared DP-SGD loop such as ali_dpfl, fedfdp, rc_dpfl (record level)",
     )
     _add_set(aud)
     _add_plugin(aud)

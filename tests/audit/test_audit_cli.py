@@ -29,7 +29,7 @@ def record_yaml(tmp_path):
             ["--set", "experiment.privacy.noise_multiplier=0"],
             "experiment.privacy.noise_multiplier",
         ),
-        (["--set", "experiment.algorithm.name=fedfdp"], "experiment.algorithm.name"),
+        (["--set", "experiment.algorithm.name=pe_dpfl"], "experiment.algorithm.name"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_the_field(record_yaml, capsys, args, field):
