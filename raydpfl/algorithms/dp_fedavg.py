@@ -14,6 +14,13 @@ the server sees from a client is post-processing of its DP-SGD outputs, except t
 client's dataset size |D_i| (aggregation weight and DP-SGD denominator), which is
 treated as public, and two training diagnostics (realised batch sizes and clipped
 fraction), which are not privatised; both are listed in `unaccounted_releases`.
+
+Server optimizer (``server_optimizer``; `raydpfl.algorithms.server_optimizers`): the
+server may step on the round's weighted mean Δ̄ of the (noised) client updates with
+FedAvgM (``momentum``), FedAdagrad, FedAdam or FedYogi (Reddi et al., ICLR 2021) instead
+of θ ← θ + Δ̄. The step reads only the released updates and its own state: it is
+post-processing, with no extra privacy cost and nothing more charged to any ledger. The
+default, ``sgd`` with ``server_lr`` 1, is exactly θ + Δ̄.
 """
 
 from __future__ import annotations
@@ -36,14 +43,21 @@ from raydpfl.algorithms.base import (
 # The client half is the shared DP-SGD loop; `DPFedAvg.local_update` looks the name up in
 # this module at call time (benchmarks/repro/accumulator_ablation.py replaces it here).
 from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
+from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.ledger import PrivacyCost
 
 __all__ = ["DPFedAvg", "Normalizer", "dp_sgd_local_update"]
 
 
-class DPFedAvg(Algorithm):
-    """DP-FedAvg: uniform cohorts, τ DP-SGD steps per client, weighted FedAvg."""
+class DPFedAvg(ServerOptimizerMixin, Algorithm):
+    """DP-FedAvg: uniform cohorts, τ DP-SGD steps per client, weighted FedAvg.
+
+    ``server_optimizer``, ``server_lr``, ``server_momentum``, ``server_beta2``,
+    ``server_adam_eps``: the server's step on the noisy weighted mean update
+    (`raydpfl.algorithms.server_optimizers.server_step`; post-processing of the released
+    updates, no extra privacy cost). The default ``sgd`` at 1.0 is plain θ + Δ̄.
+    """
 
     name = "dp_fedavg"
     is_private = True
@@ -58,6 +72,11 @@ class DPFedAvg(Algorithm):
         clip_norm: float,
         noise_multiplier: float,
         sampling_rate: float,
+        server_optimizer: str = "sgd",
+        server_lr: float = 1.0,
+        server_momentum: float = 0.9,
+        server_beta2: float = 0.99,
+        server_adam_eps: float = 1e-3,
     ) -> None:
         self.clients_per_round = clients_per_round
         self.local_steps = local_steps
@@ -65,6 +84,10 @@ class DPFedAvg(Algorithm):
         self.clip_norm = clip_norm
         self.noise_multiplier = noise_multiplier
         self.sampling_rate = sampling_rate
+        # Post-processing of the noised aggregate: no privacy cost (see the module docstring).
+        self._set_server_optimizer(
+            server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
+        )
 
     def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
         return uniform_cohort(num_clients, self.clients_per_round, rng)

@@ -32,7 +32,8 @@ Server optimizers (``server_optimizer``) act on the noisy mean update Δ̄ after
 release (post-processing, no privacy cost): ``sgd`` θ ← θ + η_s Δ̄; ``momentum``
 (DP-FedAvgM) m ← βm + Δ̄, θ ← θ + η_s m; ``adagrad``, ``adam``, ``yogi`` (FedAdagrad,
 FedAdam, FedYogi: Reddi et al., ICLR 2021, Algorithm 2) m ← β₁m + (1−β₁)Δ̄, v by each
-rule, θ ← θ + η_s m/(√v + τ).
+rule, θ ← θ + η_s m/(√v + τ). The step is `raydpfl.algorithms.server_optimizers.server_step`,
+shared with record-level FedAvg, DP-FedAvg, FedProx and DP-FedProx.
 
 Accounting is at the population level (`raydpfl.privacy.client_level`): every round is
 charged once, before it is dispatched, to the run's `ClientLevelLedger`
@@ -60,13 +61,15 @@ from raydpfl.algorithms.base import (
     uniform_cohort,
 )
 from raydpfl.algorithms.fedavg import FedAvg
+
+# The server's step on the released mean update, shared with the record-level algorithms
+# (re-exported here: `server_step` and `SERVER_OPTIMIZERS` were first defined in this module).
+from raydpfl.algorithms.server_optimizers import SERVER_OPTIMIZERS, server_step
 from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
 from raydpfl.privacy import secure_noise
 from raydpfl.privacy.client_level import ClientLevelCost
 from raydpfl.privacy.dpsgd import gaussian_like
 
-#: The server's step on the released mean update (`server_step`).
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
 #: The purpose tag of the server's aggregate-noise stream.
 NOISE_PURPOSE = "client_level_noise"
 #: The purpose tag of the noise on the count of unclipped updates (adaptive clipping).
@@ -165,46 +168,6 @@ def geometric_clip_update(
     """S_{t+1} = S_t · exp(−η_C (b̃ − γ)) (Andrew et al. 2021, Eq. for the geometric
     update): S shrinks when more than the target fraction γ of updates were unclipped."""
     return clip_norm * math.exp(-clip_lr * (unclipped_fraction - target_quantile))
-
-
-def server_step(
-    global_params: Mapping[str, torch.Tensor],
-    mean_update: Mapping[str, torch.Tensor],
-    state: dict[str, dict[str, torch.Tensor]],
-    *,
-    optimizer: str,
-    lr: float,
-    momentum: float = 0.9,
-    beta2: float = 0.99,
-    eps: float = 1e-3,
-) -> dict[str, torch.Tensor]:
-    """θ' from θ and the noisy mean update Δ̄ (post-processing; `state` holds ``m`` and
-    ``v`` and is updated in place). ``sgd``: θ + η_s Δ̄. ``momentum``: m ← βm + Δ̄,
-    θ + η_s m. Reddi et al. 2021, Algorithm 2: m ← β₁m + (1−β₁)Δ̄ and θ + η_s m/(√v + τ)
-    with ``adagrad`` v ← v + Δ̄², ``adam`` v ← β₂v + (1−β₂)Δ̄², ``yogi``
-    v ← v − (1−β₂)Δ̄² sign(v − Δ̄²)."""
-    if optimizer == "sgd":
-        if lr == 1.0:  # plain DP-FedAvg: exactly θ + Δ̄
-            return {n: global_params[n] + mean_update[n] for n in global_params}
-        return {n: global_params[n] + lr * mean_update[n] for n in global_params}
-    m = state.setdefault("m", {n: torch.zeros_like(t) for n, t in mean_update.items()})
-    if optimizer == "momentum":
-        for n, d in mean_update.items():
-            m[n].mul_(momentum).add_(d)
-        return {n: global_params[n] + lr * m[n] for n in global_params}
-    if optimizer in ("adagrad", "adam", "yogi"):
-        v = state.setdefault("v", {n: torch.zeros_like(t) for n, t in mean_update.items()})
-        for n, d in mean_update.items():
-            m[n].mul_(momentum).add_(d, alpha=1 - momentum)
-            square = d * d
-            if optimizer == "adagrad":
-                v[n].add_(square)
-            elif optimizer == "adam":
-                v[n].mul_(beta2).add_(square, alpha=1 - beta2)
-            else:
-                v[n].sub_(square * torch.sign(v[n] - square), alpha=1 - beta2)
-        return {n: global_params[n] + lr * m[n] / (v[n].sqrt() + eps) for n in global_params}
-    raise ValueError(f"server_optimizer must be one of {SERVER_OPTIMIZERS}, got {optimizer!r}")
 
 
 def poisson_cohort(uniforms: np.ndarray, rate: float) -> list[int]:

@@ -3,6 +3,12 @@
 Each round, `clients_per_round` clients drawn uniformly run `local_steps` minibatch
 SGD steps from the global model; the server replaces the global model by the
 data-size-weighted mean of the local models (Eq. 4 of ALI-DPFL, p_i = |D_i|/Σ|D|).
+
+Server optimizer (``server_optimizer``; `raydpfl.algorithms.server_optimizers`): the
+server may instead step on the weighted mean update Δ̄ with FedAvgM (``momentum``),
+FedAdagrad, FedAdam or FedYogi (Reddi et al., ICLR 2021); the default, ``sgd`` with
+``server_lr`` 1, is exactly θ ← θ + Δ̄. (FedAvg is non-private; for the private
+algorithms that share this step it is post-processing of the noised aggregate.)
 """
 
 from __future__ import annotations
@@ -24,22 +30,41 @@ from raydpfl.algorithms.base import (
     parameter_delta,
     uniform_cohort,
 )
+from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
 
 
-class FedAvg(Algorithm):
-    """Non-private FedAvg with fixed local steps of minibatch SGD."""
+class FedAvg(ServerOptimizerMixin, Algorithm):
+    """Non-private FedAvg with fixed local steps of minibatch SGD.
+
+    ``server_optimizer``, ``server_lr``, ``server_momentum``, ``server_beta2``,
+    ``server_adam_eps``: the server's step on the weighted mean update
+    (`raydpfl.algorithms.server_optimizers.server_step`); ``sgd`` at 1.0 is plain FedAvg.
+    """
 
     name = "fedavg"
     is_private = False
     linear_aggregation = True
 
     def __init__(
-        self, *, clients_per_round: int, local_steps: int, lr: float, batch_size: int
+        self,
+        *,
+        clients_per_round: int,
+        local_steps: int,
+        lr: float,
+        batch_size: int,
+        server_optimizer: str = "sgd",
+        server_lr: float = 1.0,
+        server_momentum: float = 0.9,
+        server_beta2: float = 0.99,
+        server_adam_eps: float = 1e-3,
     ) -> None:
         self.clients_per_round = clients_per_round
         self.local_steps = local_steps
         self.lr = lr
         self.batch_size = batch_size
+        self._set_server_optimizer(
+            server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
+        )
 
     def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
         return uniform_cohort(num_clients, self.clients_per_round, rng)

@@ -55,6 +55,7 @@ from raydpfl.algorithms.local_dp_sgd import (
     noisy_loss_query,
     per_sample_losses,
 )
+from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
 from raydpfl.algorithms.tensor_state import pack_client_tensors, pack_tensors, unpack_tensor_state
 from raydpfl.privacy.dpsgd import WeightRule
 from raydpfl.privacy.ledger import PrivacyCost
@@ -478,15 +479,35 @@ def prox_correction(mu: float) -> Correction:
     return term
 
 
-class FedProx(_Base):
-    """FedProx: FedAvg with the proximal term μ/2‖w − w_t‖² in every local objective."""
+class FedProx(ServerOptimizerMixin, _Base):
+    """FedProx: FedAvg with the proximal term μ/2‖w − w_t‖² in every local objective.
+
+    ``server_optimizer``, ``server_lr``, ``server_momentum``, ``server_beta2``,
+    ``server_adam_eps``: the server's step on the weighted mean update
+    (`raydpfl.algorithms.server_optimizers`: FedAvgM, FedAdagrad, FedAdam, FedYogi); for
+    DP-FedProx it is post-processing of the noised updates, no extra privacy cost. The
+    default ``sgd`` at 1.0 is plain w ← w + Δ̄.
+    """
 
     name = "fedprox"
     linear_aggregation = True
 
-    def __init__(self, *, mu: float = 0.01, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        mu: float = 0.01,
+        server_optimizer: str = "sgd",
+        server_lr: float = 1.0,
+        server_momentum: float = 0.9,
+        server_beta2: float = 0.99,
+        server_adam_eps: float = 1e-3,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.mu = mu
+        self._set_server_optimizer(
+            server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
+        )
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask

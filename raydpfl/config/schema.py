@@ -396,6 +396,40 @@ class AdapDpFlConfig:
         _check(self.loss_clip > 0, "loss_clip", "must be > 0")
 
 
+#: Algorithms whose server applies one weighted-mean update Δ̄ per round and so take a
+#: server optimizer (`experiment.algorithm.server`); client-level DP-FedAvg has its own
+#: (``options.server_optimizer``).
+SERVER_OPTIMIZER_ALGORITHMS = ("fedavg", "dp_fedavg", "fedprox", "dp_fedprox")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerOptimizerConfig:
+    """The server's step on the round's weighted mean update Δ̄, for the algorithms whose
+    server applies one averaged update: fedavg, dp_fedavg, fedprox and dp_fedprox (other
+    algorithms refuse a setting other than the default; dp_fedavg_client has its own
+    options.server_*). Post-processing of the (noised) aggregate: no extra privacy cost."""
+
+    # sgd: θ += lr·Δ (lr 1 = plain FedAvg); momentum: m = β m + Δ, θ += lr·m (FedAvgM);
+    # adagrad/adam/yogi: FedAdagrad/FedAdam/FedYogi (Reddi et al. 2021) with
+    # β1 = momentum, β2 = beta2 (adam, yogi), τ = adam_eps.
+    optimizer: Literal["sgd", "momentum", "adagrad", "adam", "yogi"] = "sgd"
+    lr: float = 1.0  # η_s > 0, the server learning rate
+    momentum: float = 0.9  # β (momentum) or β1 (adagrad, adam, yogi), in [0, 1)
+    beta2: float = 0.99  # β2 of adam and yogi, in [0, 1)
+    adam_eps: float = 1e-3  # τ of adagrad, adam and yogi (their adaptivity), > 0
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        _check(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
+        _check(0 <= self.beta2 < 1, "beta2", f"must be in [0, 1), got {self.beta2}")
+        _check(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")
+
+    @property
+    def plain(self) -> bool:
+        """sgd at lr 1: θ + Δ̄, the algorithm's own step."""
+        return self.optimizer == "sgd" and self.lr == 1.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
     """The federated algorithm and its round schedule."""
@@ -415,6 +449,7 @@ class AlgorithmConfig:
     fedfdp: FedFdpConfig = field(default_factory=FedFdpConfig)
     dpfl_bcs: DpflBcsConfig = field(default_factory=DpflBcsConfig)
     rc_dpfl: RcDpflConfig = field(default_factory=RcDpflConfig)
+    server: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     # Options of a registered algorithm (its options dataclass's fields); built-ins: empty.
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -427,6 +462,17 @@ class AlgorithmConfig:
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         _check(self.eval_every >= 1, "eval_every", "must be >= 1")
+        _check(
+            self.server.plain or self.name in SERVER_OPTIMIZER_ALGORITHMS,
+            "server",
+            f"is for {', '.join(SERVER_OPTIMIZER_ALGORITHMS)} (one averaged update per round), "
+            f"not {self.name!r}"
+            + (
+                " (set options.server_optimizer instead)"
+                if self.name == "dp_fedavg_client"
+                else ""
+            ),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ def build(
             local_steps=algo.local_steps,
             lr=algo.lr,
             batch_size=algo.batch_size,
+            **server_optimizer_kwargs(config),
         )
         return fedavg, None, {"unit": "none: non-private run (epsilon is infinite)"}
     check_delta(privacy.delta, sizes)
@@ -48,12 +49,26 @@ def build(
             clip_norm=privacy.clip_norm,
             noise_multiplier=sigma,
             sampling_rate=privacy.sampling_rate,
+            # Post-processing of the noised aggregate: no privacy cost, nothing charged.
+            **server_optimizer_kwargs(config),
         )
         meta.update(noise_multiplier=sigma, noise_calibrated=calibrated)
         return algorithm, ledger, meta
     if algo.name in ("pe_dpfl", "adap_dp_fl"):
         return _ali_baseline(config, sizes, model, ledger, meta)
     return _ali(config, sizes, model, ledger, meta)
+
+
+def server_optimizer_kwargs(config: Config) -> dict[str, Any]:
+    """``experiment.algorithm.server`` as FedAvg's and DP-FedAvg's keyword arguments."""
+    server = config.experiment.algorithm.server
+    return {
+        "server_optimizer": server.optimizer,
+        "server_lr": server.lr,
+        "server_momentum": server.momentum,
+        "server_beta2": server.beta2,
+        "server_adam_eps": server.adam_eps,
+    }
 
 
 def _ali_baseline(

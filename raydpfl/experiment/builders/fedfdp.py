@@ -43,8 +43,9 @@ from raydpfl.algorithms.fedfdp_theory import (
     max_rounds_paper,
 )
 from raydpfl.config.fedfdp import PRIVATE_NAMES
-from raydpfl.config.schema import Config, ConfigError
+from raydpfl.config.schema import SERVER_OPTIMIZER_ALGORITHMS, Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
+from raydpfl.experiment.builders.core import server_optimizer_kwargs
 from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.calibration import largest_feasible_steps
@@ -72,6 +73,9 @@ def build(
         normalizer=opts.normalizer,
         fixed_divisor=opts.fixed_divisor,
     )
+    if name in SERVER_OPTIMIZER_ALGORITHMS:  # fedprox, dp_fedprox: one averaged update
+        # The server optimizer steps on the (noised) mean: post-processing, no privacy cost.
+        common.update(server_optimizer_kwargs(config))
     if algo.clients_per_round > dataset.num_clients:
         raise ConfigError(
             "experiment.algorithm.clients_per_round",
