@@ -401,7 +401,19 @@ def source_info() -> dict[str, Any]:
 
 def _median_figures(runs: list[dict[str, Any]]) -> dict[str, float]:
     per_repeat = [figures(run) for run in runs]
-    return {key: statistics.median(f[key] for f in per_repeat) for key in per_repeat[0]}
+    return {key: _median_or_none([f[key] for f in per_repeat]) for key in per_repeat[0]}
+
+
+def _median_or_none(values: list[Any]) -> Any:
+    """The median of the values that exist; None when none does (e.g. the test accuracy
+    of a config without a central test set)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """`value` formatted with `spec`, or '-' when it is missing."""
+    return "-" if value is None else format(value, spec)
 
 
 def _ratios(figs: dict[str, dict[str, float]], runs: dict[str, list]) -> dict[str, Any]:
@@ -468,7 +480,8 @@ def report_lines(
             f"{name:<18}{f['seconds_per_round']:>9.3f}"
             f"{(f'{server:.3f}' if server is not None else '-'):>11}"
             f"{f['client_steps_per_second']:>15.1f}{f['samples_per_second']:>10.0f}"
-            f"{f['peak_rss_mib']:>13.0f}{f['peak_pss_mib']:>13.0f}{f['test_accuracy']:>9.4f}"
+            f"{f['peak_rss_mib']:>13.0f}{f['peak_pss_mib']:>13.0f}"
+            f"{_fmt(f['test_accuracy'], '.4f'):>9}"
         )
     lines.append("threads:")
     lines += [f"  {name:<18}{runs[name][0]['thread_layout']}" for name in figs]
@@ -516,7 +529,10 @@ def report_lines(
         lines.append(f"final model (sha256), raydpfl_ray vs raydpfl_local: {same}")
     for name in RAYDPFL:
         if name in figs and "floor_per_sample" in figs:
-            gap = figs[name]["test_accuracy"] - figs["floor_per_sample"]["test_accuracy"]
+            ours, floor = figs[name]["test_accuracy"], figs["floor_per_sample"]["test_accuracy"]
+            if ours is None or floor is None:  # no central test set
+                continue
+            gap = ours - floor
             lines.append(f"test accuracy, {name} - floor_per_sample: {gap:+.4f} (expect ~0)")
     return lines
 
@@ -541,6 +557,9 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
     started = datetime.now(timezone.utc)
     source = source_info()  # before the runs: others may edit the tree meanwhile
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.runner_list}
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS_DIR / f"{workload}-{started.strftime('%Y%m%dT%H%M%SZ')}"
+    partial = stem.with_suffix(".runs.json")  # every finished run, written as it ends
     with tempfile.TemporaryDirectory() as tmp:
         if PEER in args.runner_list:
             print(f"{workload}: exporting the workload for {PEER} (untimed)", flush=True)
@@ -572,16 +591,12 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
                 record["process_tree"] = vars(sampler.result)
                 record["loadavg_1min"] = [load_before, os.getloadavg()[0]]
                 runs[name].append(record)
+                partial.write_text(json.dumps({"source": source, "runs": runs}, indent=2))
 
     work = check_same_work(runs)
     figs = {name: _median_figures(name_runs) for name, name_runs in runs.items()}
     ratios = _ratios(figs, runs)
     targets = _targets(workload, ratios, args.ray_workers)
-    lines = report_lines(workload, figs, ratios, targets, work, runs, args)
-    print("\n" + "\n".join(lines))
-
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS_DIR / f"{workload}-{started.strftime('%Y%m%dT%H%M%SZ')}"
     report = {
         "workload": workload.upper(),
         "utc": started.isoformat(timespec="seconds"),
@@ -604,7 +619,12 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
         "targets": targets,
         "runs": runs,
     }
+    # The figures are written before the text report is formatted, so a formatting error
+    # can never lose them; the per-run file is then redundant.
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    partial.unlink(missing_ok=True)
+    lines = report_lines(workload, figs, ratios, targets, work, runs, args)
+    print("\n" + "\n".join(lines))
     stem.with_suffix(".txt").write_text("\n".join(lines) + "\n")
     print(f"\nwrote {stem.relative_to(ROOT)}.json and .txt", flush=True)
 

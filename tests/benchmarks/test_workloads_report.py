@@ -1,0 +1,62 @@
+"""benchmarks/workloads.py's report: a config without a central test set (no accuracy)
+must not lose the run's figures."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _workloads():
+    if "workloads" in sys.modules:
+        return sys.modules["workloads"]
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # for its `_proctree` import
+    spec = importlib.util.spec_from_file_location("workloads", ROOT / "benchmarks" / "workloads.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["workloads"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(accuracy):
+    return {
+        "round_seconds": [2.0, 1.0, 1.2, 1.1],
+        "round_clients": [4, 4, 4, 4],
+        "round_samples": [40, 40, 40, 40],
+        "local_steps": 2,
+        "test_accuracy": accuracy,
+        "thread_layout": "1 x 1",
+        "model_sha256": "abc",
+        "process_tree": {
+            "peak_rss_mib": 100.0,
+            "peak_pss_mib": 90.0,
+            "cpu_by_name": {"python": {"processes": 1, "user_s": 3.0, "sys_s": 0.5, "minor_faults": 1e5}},
+        },
+    }
+
+
+def test_median_skips_missing_values_and_is_none_when_all_are_missing():
+    w = _workloads()
+    assert w._median_or_none([None, None]) is None
+    assert w._median_or_none([0.5, None, 0.7]) == 0.6
+    figs = w._median_figures([_run(None), _run(None)])
+    assert figs["test_accuracy"] is None
+    assert figs["seconds_per_round"] == 1.1
+
+
+def test_report_formats_a_missing_accuracy_as_a_dash():
+    w = _workloads()
+    runs = {"raydpfl_local": [_run(None)], "floor_per_sample": [_run(0.8)]}
+    figs = {name: w._median_figures(r) for name, r in runs.items()}
+    work = {"round_samples": [40, 40, 40, 40], "round_clients": [4, 4, 4, 4], "total_samples": 160}
+    args = argparse.Namespace(repeats=1, threads=1)
+    lines = w.report_lines("w3", figs, w._ratios(figs, runs), [], work, runs, args)
+    row = next(line for line in lines if line.startswith("raydpfl_local"))
+    assert row.rstrip().endswith("-")
+    assert not any("test accuracy, raydpfl_local" in line for line in lines)  # no gap vs None
+    floor = next(line for line in lines if line.startswith("floor_per_sample"))
+    assert floor.rstrip().endswith("0.8000")
