@@ -1,5 +1,5 @@
 """Every workload in one command: W1–W3 on both backends against both floors, W3's
-memory scaling, and the W4 sweep; one table, one JSON.
+memory scaling, the W4 sweep and W5 (a million registered clients); one table, one JSON.
 
     python benchmarks/run_all.py [--rounds R] [--repeats K] [--engines auto,vmap]
                                  [--skip w4] [--no-peer] [--quick]
@@ -13,6 +13,9 @@ memory scaling, and the W4 sweep; one table, one JSON.
   (≈ 0) is the target: memory grows with the data, not with the number of clients.
 - W4: `raydpfl tune configs/w4.yaml` (16 trials, ASHA) in a sampled subprocess: trials
   per hour, peak memory, and whether every trial's result row was written.
+- W5: `benchmarks/w5.py` (10k, 100k and 1M registered clients × 1,000 and 10,000 per
+  round; the 1M runs only with 18 GiB available): start-up, s/round, peak PSS, bytes
+  per registered client, and issue 19's targets.
 
 Prints one table and writes benchmarks/results/run_all-<UTC>.json. `--quick` is a smoke
 test (2 rounds, W2 and W3 only, no W4, no peer), not a measurement.
@@ -136,6 +139,21 @@ def w4_sweep(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def w5_population(args: argparse.Namespace) -> dict[str, Any]:
+    """`benchmarks/w5.py` with its defaults (its own JSON, and its report here)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "w5.json"
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "w5.py"), "--out", str(out)]
+        if args.rounds is not None:
+            cmd += ["--rounds", str(max(2, args.rounds))]
+        print("$ " + " ".join(cmd[1:]), flush=True)
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            raise SystemExit("W5 failed")
+        report = json.loads(out.read_text())
+    keep = ("figures", "skipped", "targets", "report", "machine", "settings")
+    return {k: report.get(k) for k in keep}
+
+
 def table(results: dict[str, Any]) -> list[str]:
     """The one table: per workload and engine, each runner's figures and ratios."""
     head = (
@@ -172,6 +190,9 @@ def table(results: dict[str, Any]) -> list[str]:
             f"1,000 clients, {mem['10000']['peak_pss_mib']:.0f} MiB at 10,000: "
             f"{mem['kib_per_extra_client']:.2f} KiB per extra client"
         )
+    w5 = results.get("w5")
+    if w5:
+        lines += w5.get("report") or []
     w4 = results.get("w4")
     if w4:
         lines.append(
@@ -188,7 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, help="rounds of every workload (default: each config's)")
     p.add_argument("--repeats", type=int, default=1, help="runs per runner (medians)")
     p.add_argument("--engines", default="auto", help="comma-separated: auto, bookkeeping, vmap")
-    p.add_argument("--skip", nargs="*", default=[], choices=["w1", "w2", "w3", "w3mem", "w4"])
+    p.add_argument(
+        "--skip", nargs="*", default=[], choices=["w1", "w2", "w3", "w3mem", "w4", "w5"]
+    )
     p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, W2 and W3 only")
     p.add_argument(
         "--no-peer", action="store_true", help="leave out Flower+Opacus even where it can run"
@@ -197,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.no_peer = True
         args.rounds = 2
-        args.skip = sorted({*args.skip, "w1", "w3mem", "w4"})
+        args.skip = sorted({*args.skip, "w1", "w3mem", "w4", "w5"})
     started = datetime.now(timezone.utc)
     results: dict[str, Any] = {
         "utc": started.isoformat(timespec="seconds"),
@@ -215,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         results["w3_memory"] = w3_memory(args)
     if "w4" not in args.skip:
         results["w4"] = w4_sweep(args)
+    if "w5" not in args.skip:
+        results["w5"] = w5_population(args)
     lines = table(results)
     print("\n" + "\n".join(lines))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from raydpfl.data._checks import check_int, check_rng
+from raydpfl.data._checks import check_int, check_nonnegative, check_rng
 from raydpfl.data.datasets import ArrayDataset
 from raydpfl.data.partition import (
     SPLIT_ROUNDINGS,
@@ -25,9 +26,9 @@ from raydpfl.data.partition_more import (
     partition_natural,
     partition_size_skew,
 )
-from raydpfl.data.synthetic import make_synthetic
+from raydpfl.data.synthetic import make_synthetic_pooled
 
-__all__ = ["FederatedDataset", "federate", "synthetic_federated"]
+__all__ = ["FederatedDataset", "IndexTable", "federate", "synthetic_federated"]
 
 _PARTITIONS = (
     "iid",
@@ -43,6 +44,83 @@ _POOLS = ("train", "all")
 _SPLITS = ("train", "test")
 
 
+class IndexTable(Sequence[np.ndarray]):
+    """Every client's index array in one CSR-style table (issue 19).
+
+    Client k's indices are ``indices[offsets[k]:offsets[k + 1]]``, returned as a
+    read-only view. Two numpy arrays instead of one array object per client: memory in
+    proportion to the records, not the clients, and a table that pickles as two buffers,
+    so Ray puts it in the object store once and every worker on a node maps it zero-copy.
+    It is a `Sequence` of arrays, so code written for a tuple of arrays reads it.
+
+    Args:
+        offsets: int64, shape (num_clients + 1,), starting at 0, non-decreasing, ending
+            at ``len(indices)``.
+        indices: int64, shape (total,).
+
+    Raises:
+        ValueError: On arrays that do not form a table.
+    """
+
+    __slots__ = ("indices", "offsets")
+
+    def __init__(self, offsets: np.ndarray, indices: np.ndarray) -> None:
+        offsets = np.asarray(offsets)
+        indices = np.asarray(indices)
+        if offsets.ndim != 1 or len(offsets) < 1 or indices.ndim != 1:
+            raise ValueError("offsets and indices must be 1-D, offsets of length >= 1")
+        if offsets.dtype != np.int64 or indices.dtype != np.int64:
+            raise ValueError(
+                f"offsets and indices must be int64, got {offsets.dtype} and {indices.dtype}"
+            )
+        if offsets[0] != 0 or offsets[-1] != len(indices) or np.any(np.diff(offsets) < 0):
+            raise ValueError("offsets must start at 0, not decrease and end at len(indices)")
+        self.offsets = offsets
+        self.indices = indices
+
+    @classmethod
+    def from_arrays(cls, arrays: Sequence[np.ndarray]) -> IndexTable:
+        """The table of `arrays` (each converted to int64)."""
+        sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        parts = [np.asarray(a, dtype=np.int64) for a in arrays]
+        indices = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return cls(offsets, indices.astype(np.int64, copy=False))
+
+    @classmethod
+    def empty(cls, num_clients: int) -> IndexTable:
+        """`num_clients` empty arrays."""
+        return cls(np.zeros(num_clients + 1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def sizes(self) -> np.ndarray:
+        """int64 length of every client's array."""
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, slice):
+            return tuple(self[k] for k in range(*key.indices(len(self))))
+        k = int(key)
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(f"client {key} out of range for {len(self)} clients")
+        view = self.indices[self.offsets[k] : self.offsets[k + 1]]
+        view.flags.writeable = False
+        return view
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[k] for k in range(len(self)))
+
+    def __reduce__(self):  # the two arrays, so pickling (and Ray) sees plain buffers
+        return (IndexTable, (self.offsets, self.indices))
+
+    def __repr__(self) -> str:
+        return f"IndexTable(clients={len(self)}, indices={len(self.indices)})"
+
+
 @dataclass(frozen=True, eq=False)
 class FederatedDataset:
     """Client data as index arrays into one shared pool, plus a central test set.
@@ -56,8 +134,11 @@ class FederatedDataset:
         input_shape: Shape of one example.
         x: float32 pool of every client record, shape (N, *input_shape).
         y: int64 labels of the pool, shape (N,).
-        client_train: Per-client sorted int64 indices into `x` for local training.
-        client_test: Per-client sorted int64 indices into `x` for local evaluation.
+        client_train: Per-client sorted int64 indices into `x` for local training: a
+            tuple of arrays, or an `IndexTable` (one CSR table; what large synthetic
+            populations get).
+        client_test: Per-client sorted int64 indices into `x` for local evaluation
+            (likewise).
         x_test: float32 central test inputs: held out from every client, or (from
             `federate(pool="all")` and `synthetic_federated`) the union of the
             clients' local test splits.
@@ -69,8 +150,8 @@ class FederatedDataset:
     input_shape: tuple[int, ...]
     x: np.ndarray
     y: np.ndarray
-    client_train: tuple[np.ndarray, ...]
-    client_test: tuple[np.ndarray, ...]
+    client_train: tuple[np.ndarray, ...] | IndexTable
+    client_test: tuple[np.ndarray, ...] | IndexTable
     x_test: np.ndarray
     y_test: np.ndarray
 
@@ -90,6 +171,8 @@ class FederatedDataset:
 
     def train_sizes(self) -> np.ndarray:
         """Returns the int64 number of local training samples of each client."""
+        if isinstance(self.client_train, IndexTable):
+            return self.client_train.sizes()
         return np.array([len(idx) for idx in self.client_train], dtype=np.int64)
 
     def client_arrays(self, client_id: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
@@ -309,7 +392,7 @@ def synthetic_federated(
     Raises:
         ValueError: If an argument is out of range.
     """
-    clients = make_synthetic(
+    x, y, sizes = make_synthetic_pooled(
         alpha,
         beta,
         num_clients,
@@ -320,20 +403,26 @@ def synthetic_federated(
         min_samples=min_samples,
         max_samples=max_samples,
     )
-    offsets = np.cumsum([0] + [len(y) for _, y in clients])
-    parts = [np.arange(offsets[k], offsets[k + 1], dtype=np.int64) for k in range(num_clients)]
-    train, test = split_train_test(parts, client_test_fraction, rng)
-    x = np.concatenate([cx for cx, _ in clients])
-    y = np.concatenate([cy for _, cy in clients])
-    test_idx = np.concatenate(test)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    if check_nonnegative("client_test_fraction", client_test_fraction) == 0:
+        # Nothing held out: each client's train split is its own rows in order, which is
+        # what `split_train_test` returns (sorted, after a shuffle whose draws nothing
+        # after this reads: `rng` is not used again), without a Python step per client.
+        train = IndexTable(offsets, np.arange(offsets[-1], dtype=np.int64))
+        test = IndexTable.empty(num_clients)
+        test_idx = np.zeros(0, dtype=np.int64)
+    else:
+        parts = [np.arange(offsets[k], offsets[k + 1], dtype=np.int64) for k in range(num_clients)]
+        train, test = split_train_test(parts, client_test_fraction, rng)
+        test_idx = np.concatenate(test)
     return FederatedDataset(
         name="synthetic",
         num_classes=int(num_classes),
         input_shape=(int(num_features),),
         x=x,
         y=y,
-        client_train=tuple(train),
-        client_test=tuple(test),
+        client_train=train if isinstance(train, IndexTable) else tuple(train),
+        client_test=test if isinstance(test, IndexTable) else tuple(test),
         x_test=x[test_idx],
         y_test=y[test_idx],
     )

@@ -50,6 +50,7 @@ __all__ = ["MECHANISMS", "BudgetExceededError", "PrivacyCost", "PrivacyLedger"]
 MECHANISMS: tuple[str, ...] = ("subsampled_gaussian", "laplace", "approx_dp")
 
 _FORMAT_VERSION = 1
+_MEMO_SIZE = 2**16  # distinct (history, δ) pairs whose ε a ledger remembers
 
 
 @dataclass(frozen=True)
@@ -221,11 +222,21 @@ class PrivacyLedger:
             ):
                 raise ValueError(f"client {cid}: delta must be a real in [0, 1), got {delta_n!r}")
             self._client_budgets[cid] = (float(eps_n), float(delta_n))
-        self._history: dict[int, list[PrivacyCost]] = {}
-        self._entries_of: dict[int, tuple[ExtendedEntry, ...]] = {}
-        self._steps: dict[int, int] = {}
-        self._eps: dict[int, float] = {}
+        # Charge histories are interned in a trie shared by every client (issue 19): node
+        # 0 is the empty history, node k holds its parent, its last charge, its merged
+        # accountant entries and its steps. A client is one int (its node), so clients
+        # with identical histories share the history, its entries and its ε.
+        self._parent: list[int] = [-1]
+        self._last: list[PrivacyCost | None] = [None]
+        self._node_entries: list[tuple[ExtendedEntry, ...]] = [()]
+        self._node_steps: list[int] = [0]
+        self._child: dict[tuple[int, PrivacyCost, tuple[bool, ...]], int] = {}
+        self._node_of: dict[int, int] = {}  # client id -> node (charged clients only)
+        self._node_eps: dict[tuple[int, float], float] = {}  # (node, δ) -> ε
         self._num_charges = 0
+        # ε by (merged history, δ): clients with identical charge histories share one
+        # accountant evaluation (and skip re-validating the history).
+        self._memo: dict[tuple[tuple[ExtendedEntry, ...], float], float] = {}
 
     # ------------------------------------------------------------------ props
     @property
@@ -268,23 +279,32 @@ class PrivacyLedger:
 
     # ---------------------------------------------------------------- queries
     def _eps_of(self, cid: int, entries: tuple[ExtendedEntry, ...]) -> float:
-        return compute_epsilon_extended(entries, self.delta_of(cid), self._accountant)
+        key = (entries, self.delta_of(cid))
+        eps = self._memo.get(key)
+        if eps is None:
+            eps = compute_epsilon_extended(entries, key[1], self._accountant)
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = eps
+        return eps
 
     def epsilon(self, client_id: int) -> float:
         """Current epsilon of ``client_id`` at its delta (0.0 if never charged)."""
         cid = _check_client_id(client_id)
-        eps = self._eps.get(cid)
+        node = self._node_of.get(cid, 0)
+        key = (node, self.delta_of(cid))
+        eps = self._node_eps.get(key)
         if eps is None:
-            eps = self._eps_of(cid, self._entries_of.get(cid, ()))
-            if cid in self._entries_of:
-                self._eps[cid] = eps
+            eps = self._eps_of(cid, self._node_entries[node])
+            self._node_eps[key] = eps
         return eps
 
     def epsilon_after(self, client_id: int, cost: PrivacyCost) -> float:
         """Epsilon ``client_id`` would have after ``cost``; records nothing."""
         cid = _check_client_id(client_id)
         cost = _check_cost(cost)
-        return self._eps_of(cid, (*self._entries_of.get(cid, ()), cost.history_entry()))
+        node = self._node_of.get(cid, 0)
+        return self._eps_of(cid, (*self._node_entries[node], cost.history_entry()))
 
     def would_exceed(self, client_id: int, cost: PrivacyCost) -> bool:
         """Whether charging ``cost`` would exceed the client's budget (False if none)."""
@@ -296,15 +316,15 @@ class PrivacyLedger:
 
     def steps(self, client_id: int) -> int:
         """Total number of steps charged to ``client_id`` (sum over charges)."""
-        return self._steps.get(_check_client_id(client_id), 0)
+        return self._node_steps[self._node_of.get(_check_client_id(client_id), 0)]
 
     def history(self, client_id: int) -> tuple[PrivacyCost, ...]:
         """Charges of ``client_id`` in order (empty if never charged)."""
-        return tuple(self._history.get(_check_client_id(client_id), ()))
+        return self._path(self._node_of.get(_check_client_id(client_id), 0))
 
     def charged_clients(self) -> list[int]:
         """Sorted ids of clients with at least one recorded charge."""
-        return sorted(self._history)
+        return sorted(self._node_of)
 
     def epsilons(self, client_ids: Iterable[int]) -> np.ndarray:
         """Current epsilons of ``client_ids`` as a float64 array (same order)."""
@@ -312,7 +332,7 @@ class PrivacyLedger:
 
     def max_epsilon(self) -> float:
         """Largest epsilon over all charged clients (0.0 if none)."""
-        return max((self.epsilon(c) for c in self._history), default=0.0)
+        return max((self.epsilon(c) for c in self._node_of), default=0.0)
 
     def mean_epsilon(self, client_ids: Iterable[int] | None = None) -> float:
         """Mean epsilon over ``client_ids`` (default: charged clients); 0.0 if empty."""
@@ -323,20 +343,38 @@ class PrivacyLedger:
 
     # ---------------------------------------------------------------- updates
     def _record(self, cid: int, cost: PrivacyCost, eps: float | None) -> None:
-        self._history.setdefault(cid, []).append(cost)
-        entries = self._entries_of.get(cid, ())
-        entry = cost.history_entry()
-        if entries and entries[-1][:-1] == entry[:-1]:
-            entries = (*entries[:-1], (*entry[:-1], entries[-1][-1] + entry[-1]))
-        else:
-            entries = (*entries, entry)
-        self._entries_of[cid] = entries
-        self._steps[cid] = self._steps.get(cid, 0) + cost.steps
-        if eps is None:
-            self._eps.pop(cid, None)
-        else:
-            self._eps[cid] = eps
+        parent = self._node_of.get(cid, 0)
+        key = (parent, cost, _zero_signs(cost))
+        node = self._child.get(key)
+        if node is None:
+            entries = self._node_entries[parent]
+            entry = cost.history_entry()
+            if entries and entries[-1][:-1] == entry[:-1]:
+                entries = (*entries[:-1], (*entry[:-1], entries[-1][-1] + entry[-1]))
+            else:
+                entries = (*entries, entry)
+            node = len(self._parent)
+            self._parent.append(parent)
+            self._last.append(cost)
+            self._node_entries.append(entries)
+            self._node_steps.append(self._node_steps[parent] + cost.steps)
+            self._child[key] = node
+        self._node_of[cid] = node
+        if eps is not None:
+            # ε is a function of the history's normalised entries and δ alone (the
+            # accountants merge consecutive equal entries), so it is the node's.
+            self._node_eps[(node, self.delta_of(cid))] = eps
         self._num_charges += 1
+
+    def _path(self, node: int) -> tuple[PrivacyCost, ...]:
+        """The charges of history `node`, oldest first."""
+        out: list[PrivacyCost] = []
+        while node > 0:
+            cost = self._last[node]
+            assert cost is not None
+            out.append(cost)
+            node = self._parent[node]
+        return tuple(reversed(out))
 
     def charge(self, client_id: int, cost: PrivacyCost) -> float:
         """Records ``cost`` for ``client_id`` and returns the new epsilon.
@@ -356,10 +394,26 @@ class PrivacyLedger:
         self._record(cid, cost, eps_after)
         return eps_after
 
+    def try_charge(self, client_id: int, cost: PrivacyCost) -> float | None:
+        """Charges ``cost`` if the client can afford it: the new epsilon, or None (and
+        nothing recorded) when it would exceed the client's budget. One accountant
+        evaluation, where ``would_exceed`` then ``charge`` make two.
+
+        Raises:
+            ValueError: On an invalid ``client_id`` or ``cost``.
+        """
+        cid = _check_client_id(client_id)
+        eps_after = self.epsilon_after(cid, cost)
+        budget = self.budget_of(cid)
+        if budget is not None and eps_after > budget:
+            return None
+        self._record(cid, cost, eps_after)
+        return eps_after
+
     # ---------------------------------------------------------- serialisation
     def _entries(self) -> list[dict[str, Any]]:
         return [
-            {"client_id": cid, "entries": [c.to_dict() for c in self._history[cid]]}
+            {"client_id": cid, "entries": [c.to_dict() for c in self._path(self._node_of[cid])]}
             for cid in self.charged_clients()
         ]
 
@@ -427,9 +481,16 @@ class PrivacyLedger:
     def __repr__(self) -> str:
         return (
             f"PrivacyLedger(accountant={self._accountant!r}, delta={self._delta!r}, "
-            f"epsilon_budget={self._budget!r}, clients={len(self._history)}, "
+            f"epsilon_budget={self._budget!r}, clients={len(self._node_of)}, "
             f"charges={self._num_charges})"
         )
+
+
+def _zero_signs(cost: PrivacyCost) -> tuple[bool, ...]:
+    """Which float fields of `cost` are -0.0: equal (and equal-hashing) to 0.0, but
+    written differently to JSON, so a history node must not share them."""
+    values = (cost.noise_multiplier, cost.sampling_rate, cost.epsilon, cost.delta)
+    return tuple(v is not None and v == 0.0 and math.copysign(1.0, v) < 0 for v in values)
 
 
 def _is_budget(value: object) -> bool:

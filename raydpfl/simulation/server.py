@@ -30,6 +30,7 @@ from torch import nn
 from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.privacy.client_level import POPULATION, ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
 from raydpfl.simulation.evaluation import EvalResult, evaluate
 from raydpfl.simulation.fairness import fairness_metrics
@@ -117,6 +118,8 @@ class Server:
         self._logged: dict[int, list[list[Any]]] = {}  # charges of rounds being replayed
         self._log_position = 0  # lines of ledger_log.jsonl the ledger holds
         self._backend: Backend | None = None
+        # Every client's ε as one array, kept current from the charged clients only.
+        self._eps_stats = EpsilonStats(ledger, self.num_clients) if ledger is not None else None
 
     # ---- the round loop -----------------------------------------------------------
     def run(self, backend: Backend) -> dict[str, Any]:
@@ -224,7 +227,10 @@ class Server:
                 f"epsilon to {eps:.4g} > {self.ledger.epsilon_budget:g}"
             )
             return False
+        stats = self._epsilon_stats()
         self.ledger.charge(POPULATION, cost)
+        if stats is not None:
+            stats.update([POPULATION], 1)
         self._log_charges(round_idx, [(POPULATION, cost.to_dict())])
         return True
 
@@ -245,6 +251,10 @@ class Server:
         self, tasks: Sequence[ClientTask]
     ) -> tuple[list[ClientTask], list[ClientTask]]:
         dispatched, refused = [], []
+        charged: list[int] = []
+        stats = self._epsilon_stats()
+        # One accountant evaluation per charge where the ledger offers it.
+        try_charge = getattr(self.ledger, "try_charge", None)
         for task in tasks:
             cost = task.privacy_cost
             if cost is not None:
@@ -252,11 +262,19 @@ class Server:
                     raise ValueError(
                         f"task for client {task.client_id} has a privacy cost but no ledger"
                     )
-                if self.ledger.would_exceed(task.client_id, cost):
-                    refused.append(task)
-                    continue
-                self.ledger.charge(task.client_id, cost)
+                if try_charge is not None:
+                    if try_charge(task.client_id, cost) is None:
+                        refused.append(task)
+                        continue
+                else:
+                    if self.ledger.would_exceed(task.client_id, cost):
+                        refused.append(task)
+                        continue
+                    self.ledger.charge(task.client_id, cost)
+                charged.append(task.client_id)
             dispatched.append(task)
+        if charged and stats is not None:
+            stats.update(charged, len(charged))
         return dispatched, refused
 
     def _budget_exhausted(self, refused: Sequence[ClientTask]) -> bool:
@@ -381,10 +399,22 @@ class Server:
             self._logged.setdefault(batch.round, []).append(batch.charges)
 
     # ---- metrics ------------------------------------------------------------------
-    def _epsilons(self) -> np.ndarray:
+    def _epsilon_stats(self) -> EpsilonStats | None:
+        """The ε statistics, brought up to date (rebuilt if the ledger was replaced, e.g.
+        on resume, or charged behind the server's back)."""
         if self.ledger is None:
+            return None
+        if self._eps_stats is None:
+            self._eps_stats = EpsilonStats(self.ledger, self.num_clients)
+        else:
+            self._eps_stats.sync(self.ledger)
+        return self._eps_stats
+
+    def _epsilons(self) -> np.ndarray:
+        stats = self._epsilon_stats()
+        if stats is None:
             return np.full(self.num_clients, np.inf)
-        return np.asarray(self.ledger.epsilons(range(self.num_clients)), dtype=float)
+        return stats.values
 
     def _round_row(
         self,
@@ -394,13 +424,14 @@ class Server:
         trained: int,
         received: int,
     ) -> dict[str, Any]:
-        eps = self._epsilons()
+        stats = self._epsilon_stats()
+        eps_max, eps_mean = (stats.max(), stats.mean()) if stats is not None else (np.inf, np.inf)
         row: dict[str, Any] = {
             "round": round_idx + 1,
             "test_accuracy": float("nan"),
             "test_loss": float("nan"),
-            "epsilon_max": float(eps.max()),
-            "epsilon_mean": float(eps.mean()),
+            "epsilon_max": float(eps_max),
+            "epsilon_mean": float(eps_mean),
             "local_steps": float(np.mean([t.local_steps for t in dispatched]))
             if dispatched
             else 0.0,
@@ -431,16 +462,17 @@ class Server:
             row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
             if not self.settings.evaluate_clients:
                 return
-        eps = self._epsilons()
         if self.writer is not None:
+            # Column arrays: the ε and size columns are the server's arrays as they are.
+            n = len(ids)
             self.writer.add_clients(
                 {
-                    "round": [round_idx + 1] * len(ids),
-                    "client_id": ids,
+                    "round": np.full(n, round_idx + 1, dtype=np.int32),
+                    "client_id": np.arange(n, dtype=np.int32),
                     "test_accuracy": [e.accuracy for e in per_client],
                     "test_loss": [e.loss for e in per_client],
-                    "epsilon": [float(eps[c]) for c in ids],
-                    "num_examples": [int(self.train_sizes[c]) for c in ids],
+                    "epsilon": np.array(self._epsilons(), dtype=np.float64),
+                    "num_examples": np.asarray(self.train_sizes, dtype=np.int64),
                     "num_test_examples": [e.num_examples for e in per_client],
                 }
             )
@@ -475,17 +507,22 @@ class Server:
         if self.ledger is None:
             keys = ("epsilon_max", "epsilon_mean", "delta", "accountant", "epsilon_unit")
             return dict.fromkeys(keys)
-        eps = self._epsilons()
-        top = int(np.argmax(eps))
+        stats = self._epsilon_stats()
+        assert stats is not None
+        top = stats.argmax()
         out: dict[str, Any] = {
-            "epsilon_max": float(eps[top]),
-            "epsilon_mean": float(eps.mean()),
+            "epsilon_max": stats.max(),
+            "epsilon_mean": stats.mean(),
             "delta": self.ledger.delta_of(top),
             "accountant": self.ledger.accountant,
             "epsilon_unit": _epsilon_unit(self.settings.metadata),
         }
-        if self.ledger.client_budgets:
-            deltas = [self.ledger.delta_of(c) for c in range(self.num_clients)]
+        budgets = self.ledger.client_budgets
+        if budgets:
+            # max over every client's δ: the listed clients' own, and the ledger's δ if
+            # any client in range is not listed (no Python loop over all N clients).
+            own = [d for c, (_, d) in budgets.items() if 0 <= c < self.num_clients]
+            deltas = own + ([self.ledger.delta] if len(own) < self.num_clients else [])
             out.update(epsilon_max_client=top, delta_max=max(deltas), deltas="per client")
         return out
 

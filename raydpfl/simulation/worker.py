@@ -26,7 +26,7 @@ from raydpfl.algorithms.base import (
     WeightedUpdateSum,
 )
 from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL
-from raydpfl.data.federated import FederatedDataset
+from raydpfl.data.federated import FederatedDataset, IndexTable
 from raydpfl.models import assert_dp_compatible, build_model
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.engines import make_engine
@@ -85,6 +85,30 @@ def as_tensor(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
         return torch.as_tensor(array, device=device)
 
 
+class _LazyIndex:
+    """A CPU worker's view of an `IndexTable`: client k's index tensor is made when asked
+    for (zero-copy, from the shared table), not one tensor per client up front."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: IndexTable) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, client_id: int) -> torch.Tensor:
+        return as_tensor(self.table[client_id], "cpu")
+
+
+def _index_tensors(parts: Sequence[np.ndarray], device: torch.device) -> Sequence[torch.Tensor]:
+    """Per-client index tensors: lazy views of a CSR table on the CPU; otherwise one
+    tensor per client made once (on an accelerator: copied there once, not per task)."""
+    if isinstance(parts, IndexTable) and device.type == "cpu":
+        return _LazyIndex(parts)
+    return [as_tensor(i, device) for i in parts]
+
+
 class ClientWorker:
     """Trains and evaluates whichever clients it is handed.
 
@@ -128,8 +152,8 @@ class ClientWorker:
         self.clipping = make_engine(self.model, engine)
         self.x = as_tensor(dataset.x, self.device)
         self.y = as_tensor(dataset.y, self.device)
-        self.client_train = [as_tensor(i, self.device) for i in dataset.client_train]
-        self.client_test = [as_tensor(i, self.device) for i in dataset.client_test]
+        self.client_train = _index_tensors(dataset.client_train, self.device)
+        self.client_test = _index_tensors(dataset.client_test, self.device)
 
     def _stream(self, task: ClientTask) -> torch.Generator:
         """The client's RNG stream for `task`: derived from (run seed, round, client,
