@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize_scalar
 
+from raydpfl.algorithms._checks import _non_negative, _positive, _real
 from raydpfl.algorithms.ali_dpfl_theory import _paper_bisection
 from raydpfl.algorithms.local_dp_sgd import clip_losses, private_mean_loss
 from raydpfl.privacy.accountants import (
@@ -77,29 +78,6 @@ LOSS_CLIP_FLOOR: float = 1e-3
 
 #: The RDP orders of the authors' accountant (§6.2 [CODE]): integers 2..63, 128, 256, 512.
 PAPER_ORDERS: tuple[int, ...] = (*range(2, 64), 128, 256, 512)
-
-
-def _real(value: object, name: str, *, finite: bool = True) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    x = float(value)
-    if math.isnan(x) or (finite and not math.isfinite(x)):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    return x
-
-
-def _positive(value: object, name: str) -> float:
-    x = _real(value, name)
-    if x <= 0.0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return x
-
-
-def _non_negative(value: object, name: str) -> float:
-    x = _real(value, name)
-    if x < 0.0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return x
 
 
 def _rate(value: object, name: str) -> float:

@@ -56,8 +56,6 @@ Poisson(q_l) batch, SGM(q_l, σ_l).
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Mapping
 from typing import Literal
 
@@ -66,6 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from raydpfl.algorithms._checks import _non_negative, _positive
 from raydpfl.algorithms.base import (
     ClientContext,
     ClientData,
@@ -371,26 +370,3 @@ def noisy_loss_query(
         precision=precision,
     )
     return noisy, losses
-
-
-def _real(value: object, name: str) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    x = float(value)
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    return x
-
-
-def _positive(value: object, name: str) -> float:
-    x = _real(value, name)
-    if x <= 0.0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return x
-
-
-def _non_negative(value: object, name: str) -> float:
-    x = _real(value, name)
-    if x < 0.0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return x

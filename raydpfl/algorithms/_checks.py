@@ -1,0 +1,33 @@
+"""Argument checks shared by the algorithms' pure functions: one line naming the argument."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def _real(value: object, name: str, *, finite: bool = True) -> float:
+    """`value` as a float; a bool, a non-number or NaN (and ±inf unless `finite` is False)
+    is refused naming `name`."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    x = float(value)
+    if math.isnan(x) or (finite and not math.isfinite(x)):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    return x
+
+
+def _positive(value: object, name: str) -> float:
+    """A finite real > 0."""
+    x = _real(value, name)
+    if x <= 0.0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return x
+
+
+def _non_negative(value: object, name: str) -> float:
+    """A finite real >= 0."""
+    x = _real(value, name)
+    if x < 0.0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return x
