@@ -1,0 +1,238 @@
+"""The reproduction record: rows appended by the runners, REPRODUCTION.md regenerated."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REPRO = ROOT / "benchmarks" / "repro"
+SPECS = ROOT.parent / "shared" / "specs"
+
+
+def _load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPRO / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def rec(monkeypatch, tmp_path):
+    """_record with its results file in tmp_path."""
+    monkeypatch.setenv("RAYDPFL_REPRO_RESULTS", str(tmp_path / "results.jsonl"))
+    return _load("_record")
+
+
+def _row(**kw):
+    base = dict(
+        paper="ali_dpfl",
+        table="V",
+        dataset="fashion_mnist",
+        setting="dir0.05",
+        method="tau1",
+        epsilon=2.0,
+        seed=0,
+        ours=80.0,
+        metric="best_accuracy",
+        paper_value=None,
+        rounds_run=106,
+        rounds_paper=106,
+        dp=True,
+        commit="abc1234",
+        command="python benchmarks/repro/ali_dpfl.py --cells V:dir0.05",
+        source="run",
+    )
+    base.update(kw)
+    return base
+
+
+DOC = {
+    "gap_threshold": 3.0,
+    "papers": {
+        p: {
+            "title": f"Paper {p}",
+            "seed": "seed.txt",
+            "spec": "spec.md",
+            "runner": "runner.py",
+            "metric": "accuracy",
+            "scope": "test cells",
+        }
+        for p in ("ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl")
+    },
+    "explanations": [
+        {
+            "id": "tau2-why",
+            "status": "explained",
+            "match": {"paper": "ali_dpfl", "method": "tau2"},
+            "text": "because of X",
+            "link": "benchmarks/repro/x.py",
+        }
+    ],
+    "cells": [
+        dict(paper="ali_dpfl", table="V", dataset="fashion_mnist", setting="dir0.05",
+             method=m, epsilon=2.0, paper_value=v)
+        for m, v in (("tau1", 80.92), ("tau2", 82.15), ("tau3", 84.45), ("ali", 84.85))
+    ]
+    + [
+        dict(paper="fedfdp", table="6", dataset="fashion_mnist", setting="Dir(0.1), N=10",
+             method="fedavg", epsilon=2.0, paper_value=82.69)
+    ],
+}  # fmt: skip
+
+
+def test_regenerated_table_has_delta_never_run_and_unexplained(rec, tmp_path):
+    record = _load("record")
+    rec.append_rows(
+        [
+            _row(seed=0, ours=60.0),  # tau1: Δ = 61 − 80.92, no explanation
+            _row(seed=1, ours=62.0),
+            _row(method="tau2", ours=70.0),  # explained gap
+            _row(method="tau3", ours=83.0),  # within 3 points: no verdict
+            _row(method="tau1", ours=65.5, dp=False, variant="authors' step"),
+            _row(method="ali", ours=55.0, variant="study: Gamma = 1"),  # a variant
+            _row(paper="fedfdp", table="6", setting="Dir(0.1), N=10", method="fedavg",
+                 ours=79.9, metric="final_accuracy", dp=False, variant="accumulator kept"),
+        ]
+    )  # fmt: skip
+    text = record.render(rec.load_rows(), DOC)
+    tau1 = next(line for line in text.splitlines() if line.startswith("| V | dir0.05 | tau1 "))
+    assert "| 80.92 | 61.00 ± 1.41 (n = 2) | -19.92 |" in tau1
+    assert "65.50 (n = 1) (*not DP*: authors' step)" in tau1
+    assert tau1.rstrip().endswith("| **unexplained** |")
+    tau2 = next(line for line in text.splitlines() if line.startswith("| V | dir0.05 | tau2 "))
+    assert "| -12.15 |" in tau2 and "explained (see *tau2-why* below)" in tau2
+    assert "- *tau2-why* (explained): because of X." in text
+    assert "[benchmarks/repro/x.py](benchmarks/repro/x.py)" in text
+    tau3 = next(line for line in text.splitlines() if line.startswith("| V | dir0.05 | tau3 "))
+    assert tau3.rstrip().endswith("| — |") and "| +0.08 |" not in tau3 and "| -1.45 |" in tau3
+    # ALI-DPFL itself only ran as a variant: listed there, and as never run.
+    assert "### Variants and studies" in text and "study: Gamma = 1" in text
+    assert "- Table V, fashion_mnist, dir0.05, ε = 2: ali" in text
+    # FedFDP's cell has only a not-DP ablation: beside "not run", and still never run.
+    fdp = next(line for line in text.splitlines() if line.startswith("| 6 | Dir(0.1), N=10 "))
+    assert "| not run |" in fdp and "79.90 (n = 1) (*not DP*: accumulator kept); Δ -2.79" in fdp
+    assert "fedavg (not-DP ablation only)" in text
+    summary = [line for line in text.splitlines() if line.startswith("| ali_dpfl |")]
+    assert summary == ["| ali_dpfl | 4 | 3 | 2 | 1 | 1 |"]
+    assert record.render(rec.load_rows(), DOC) == text  # deterministic
+
+
+def test_tau_claim_compares_ali_with_the_best_fixed_tau(rec):
+    record = _load("record")
+    budget = "study: R_s = R_c·1/3 at eps = 1.55"
+    study = dict(table="study", setting="s", epsilon=1.55, variant=budget)
+    rows = [
+        *(_row(**study, method="tau1", seed=s, ours=v) for s, v in ((0, 50.0), (1, 52.0))),
+        *(_row(**study, method="tau3", seed=s, ours=v) for s, v in ((0, 60.0), (1, 62.0))),
+        *(_row(**study, method="ali", seed=s, ours=v) for s, v in ((0, 55.0), (1, 57.0))),
+        *(
+            _row(**{**study, "variant": budget + "; Gamma = 1"}, method="ali", seed=s, ours=v,
+                 extra={"taus": [1, 2]})
+            for s, v in ((0, 61.0), (1, 61.4))
+        ),
+    ]  # fmt: skip
+    lines = record.tau_claim([rec.make_row(**r) for r in rows])
+    assert lines[0].startswith("- Study, s, ε = 1.55. Fixed τ: tau3 61.00 ± 1.41 (n = 2), tau1")
+    assert "  - ali: 56.00 ± 1.41 (n = 2), -5.00 against the best fixed τ (tau3): loses to it" in (
+        lines
+    )
+    assert lines[2].startswith("  - ali (Gamma = 1): 61.20 ± 0.28 (n = 2), +0.20")
+    assert "a tie: within the seed-to-seed spread (std 1.41); τ used: 1, 2" in lines[2]
+
+
+def test_main_writes_and_checks(rec, tmp_path, capsys):
+    record = _load("record")
+    cells = tmp_path / "cells.json"
+    cells.write_text(json.dumps(DOC))
+    rec.append_rows([_row()])
+    out = tmp_path / "R.md"
+    args = ["--results", str(rec.results_path()), "--cells", str(cells), "--out", str(out)]
+    assert record.main(args) == 0 and out.exists()
+    assert record.main([*args, "--check"]) == 0
+    rec.append_rows([_row(seed=1, ours=70.0)])
+    assert record.main([*args, "--check"]) == 1
+    assert "out of date" in capsys.readouterr().out
+
+
+def test_rows_are_checked_and_runners_append_them(rec):
+    with pytest.raises(ValueError, match="lacks"):
+        rec.make_row(paper="ali_dpfl")
+    with pytest.raises(ValueError, match="unknown row field"):
+        rec.make_row(**_row(colour="red"))
+    row = rec.make_row(**_row(source="README (commit 1234567)", commit=None, command=None))
+    assert row["commit"] is None and row["command"] is None  # never invented for old numbers
+    assert set(row) == set(rec.ROW_FIELDS)
+    ali = _load("ali_dpfl")
+    ali.record_row(
+        {
+            "cell": "V:dir0.05", "method": "tau3", "seed": 2, "eval_every": 5, "R_c": 317,
+            "R_s": 106, "rounds": 105, "iterations": 315, "best_accuracy": 70.5,
+            "final_accuracy": 69.0, "epsilon_ledger": 1.9, "stop_reason": "R_c",
+            "paper": 84.45, "wall_seconds": 12.0,
+        },
+        argparse.Namespace(normalizer="expected", mu_probe_size=None),
+    )  # fmt: skip
+    (written,) = rec.load_rows()
+    assert written["table"] == "V" and written["setting"] == "dir0.05"
+    assert written["rounds_paper"] == 105 and written["paper_value"] == 84.45
+    assert written["source"] == "run" and written["command"].startswith("python ")
+    assert written["dp"] is True and written["variant"] == ""
+
+
+def test_paper_cells_match_the_runners_tables():
+    doc = json.loads((REPRO / "paper_cells.json").read_text())
+    cells = {
+        (c["paper"], c["table"], c["setting"], c["method"], c["epsilon"]): c["paper_value"]
+        for c in doc["cells"]
+        if c["dataset"] in ("fashion_mnist",)
+    }
+    ali = _load("ali_dpfl")
+    for method, by_cell in ali.PAPER_FMNIST.items():
+        for key, value in by_cell.items():
+            cell = next(c for c in ali.CELLS if c.key == key)
+            assert cells[("ali_dpfl", cell.table, cell.label, method, cell.epsilon)] == value
+    rc = _load("rc_dpfl")
+    for method, by_eps in rc.PAPER_FMNIST.items():
+        for eps, (all_, maj, min_) in by_eps.items():
+            assert cells[("rc_dpfl", "5", "Maj", method, float(eps))] == maj
+            assert cells[("rc_dpfl", "5", "All", method, float(eps))] == all_
+            assert cells[("rc_dpfl", "5", "Min", method, float(eps))] == min_
+    fdp = _load("fedfdp")
+    for key, by_method in fdp.PAPER.items():
+        c = fdp.BY_KEY[key]
+        for method, (acc, _psi) in by_method.items():
+            eps = c.epsilon if c.private else None
+            assert cells[("fedfdp", str(c.table), fdp.setting_label(c), method, eps)] == acc
+    assert len(doc["cells"]) == 128 + 75 + 48 + 20
+    assert all(c.get("source") for c in doc["cells"])
+
+
+@pytest.mark.skipif(not SPECS.exists(), reason="shared/specs not available")
+def test_paper_cells_spot_checked_against_the_specs():
+    ali = (SPECS / "ali-dpfl.md").read_text()
+    assert "| ALI-DPFL | 89.62 | 84.85 | 85.45 | 86.12 |" in ali  # Table V
+    assert "| τ = 1 | 85.65 | 79.98 | 39.33 |" in ali  # Table II, 2R_c
+    fdp = (SPECS / "fedfdp.md").read_text()
+    assert "82.69" in fdp and "86.97" in fdp  # Table 6, FedAvg ε = 2 and FedFDP ε = 4
+
+
+def test_the_committed_record_is_valid_and_regenerated():
+    rec = _load("_record")
+    rows = rec.load_rows(rec.DEFAULT_RESULTS)
+    assert rows, "benchmarks/repro/results.jsonl is empty"
+    for row in rows:
+        assert set(row) == set(rec.ROW_FIELDS)
+        assert rec.make_row(**row) == row
+        if row["source"] != "run":
+            assert row["source"].startswith("README (commit ")
+    record = _load("record")
+    assert record.main(["--check"]) == 0, "run python benchmarks/repro/record.py"
