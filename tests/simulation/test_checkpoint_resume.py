@@ -72,6 +72,7 @@ def _rows(run_dir) -> int:
         return 0
 
 
+@pytest.mark.slow  # a killed training and its resume (about 8 s on 2 cores)
 def test_killed_run_resumes_to_the_same_model_and_ledger(tmp_path):
     reference = run_experiment(build_experiment(config_from_dict(RAW)), None)
 

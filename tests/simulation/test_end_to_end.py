@@ -24,6 +24,7 @@ def test_dp_fedavg_on_synthetic_beats_the_majority_class():
     assert summary["epsilon_max"] <= config.experiment.privacy.epsilon
 
 
+@pytest.mark.slow  # a whole training (12-16 s on 2 cores)
 def test_dp_fedavg_on_digits_learns_under_a_spent_budget():
     raw = {
         "experiment": {
@@ -46,6 +47,7 @@ def test_dp_fedavg_on_digits_learns_under_a_spent_budget():
     assert 0 < summary["epsilon_max"] <= 10.0
 
 
+@pytest.mark.slow  # a whole training (12-16 s on 2 cores)
 def test_nonprivate_fedavg_on_digits_learns_and_reports_no_epsilon():
     raw = {
         "experiment": {
@@ -73,6 +75,7 @@ def test_nonprivate_fedavg_on_digits_learns_and_reports_no_epsilon():
     assert summary["private"] is False and summary["epsilon_max"] is None
 
 
+@pytest.mark.slow  # a whole training (about 17 s on 2 cores)
 @pytest.mark.skipif(not FASHION_MNIST_DIR.exists(), reason="Debian dataset-fashion-mnist absent")
 def test_dp_fedavg_cnn_on_fashion_mnist_learns():
     raw = {
