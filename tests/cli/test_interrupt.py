@@ -36,8 +36,13 @@ RAW = {
 }
 
 # Sleeps a little after each round (through a wrapped writer) so the signal lands mid-run.
+# A shell that starts this test suite in the background (`cmd &`, nohup) hands every child
+# SIGINT ignored, and Python then never installs its KeyboardInterrupt handler: the child
+# restores it, as a terminal's foreground process has it (the run respects an ignored
+# SIGINT by design).
 CHILD = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import raydpfl.simulation.outputs as outputs
 from raydpfl.cli.main import main
 add_round = outputs.RunWriter.add_round
