@@ -63,9 +63,12 @@ from raydpfl.algorithms.base import (
 from raydpfl.algorithms.fedavg import FedAvg
 
 # The server's step on the released mean update, shared with the record-level algorithms
-# (re-exported here: `server_step` and `SERVER_OPTIMIZERS` were first defined in this module).
-from raydpfl.algorithms.server_optimizers import SERVER_OPTIMIZERS, server_step
-from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
+# (`server_step` and `SERVER_OPTIMIZERS` were first defined here: still importable from here)
+from raydpfl.algorithms.server_optimizers import (  # noqa: F401
+    SERVER_OPTIMIZERS,
+    ServerOptimizer,
+    server_step,
+)
 from raydpfl.privacy import secure_noise
 from raydpfl.privacy.client_level import ClientLevelCost
 from raydpfl.privacy.dpsgd import gaussian_like
@@ -267,10 +270,10 @@ class DPFedAvgClientLevel(Algorithm):
         self.seed = int(seed)
         self.noise_calibrated = False  # set by the builder when σ came from the budget
         self._round = 0
-        if server_optimizer not in SERVER_OPTIMIZERS:
-            raise ValueError(
-                f"server_optimizer must be one of {SERVER_OPTIMIZERS}, got {server_optimizer!r}"
-            )
+        # settings checked, state (m, v) kept and checkpointed by the shared optimizer
+        self._server_opt = ServerOptimizer(
+            server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
+        )
         if adaptive_clipping and noise != "central":
             raise ValueError("adaptive clipping needs central noise")
         self.adaptive_clipping = bool(adaptive_clipping)
@@ -288,13 +291,12 @@ class DPFedAvgClientLevel(Algorithm):
             else self.noise_multiplier
         )
         self.current_clip_norm = self.clip_norm  # S_t (moves with adaptive clipping)
-        self.server_optimizer = server_optimizer
-        self.server_lr = float(server_lr)
-        self.server_momentum = float(server_momentum)
-        self.server_beta2 = float(server_beta2)
-        self.server_adam_eps = float(server_adam_eps)
-        self._server_state: dict[str, dict[str, torch.Tensor]] = {}
         self._round_clip: dict[str, float] = {}
+
+    @property
+    def server_optimizer(self) -> str:
+        """The server optimizer's name (``sgd`` ... ``yogi``)."""
+        return self._server_opt.optimizer
 
     @property
     def expected_cohort(self) -> float:
@@ -358,19 +360,10 @@ class DPFedAvgClientLevel(Algorithm):
             )
         if self.adaptive_clipping:
             self._adapt_clip_norm(total, secure)
-        if self.server_optimizer == "sgd" and self.server_lr == 1.0:
+        if self._server_opt.plain:
             return dp_fedavg_update(global_params, summed, self.expected_cohort)
         mean = {n: summed[n] / self.expected_cohort for n in global_params}
-        return server_step(
-            global_params,
-            mean,
-            self._server_state,
-            optimizer=self.server_optimizer,
-            lr=self.server_lr,
-            momentum=self.server_momentum,
-            beta2=self.server_beta2,
-            eps=self.server_adam_eps,
-        )
+        return self._server_opt.step(global_params, mean)
 
     def _adapt_clip_norm(self, total: WeightedUpdateSum, secure: bool) -> None:
         """Releases the noisy unclipped fraction and moves S (Andrew et al. 2021)."""
@@ -406,17 +399,10 @@ class DPFedAvgClientLevel(Algorithm):
         self.current_clip_norm = float(state.get("current_clip_norm", self.clip_norm))
 
     def tensor_state(self) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for field, params in sorted(self._server_state.items()):
-            out.update(pack_tensors(f"server_{field}", params))
-        return out
+        return self._server_opt.tensor_state()
 
     def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        shared, _ = unpack_tensor_state(tensors, shared=("server_m", "server_v"))
-        self._server_state = {
-            field.removeprefix("server_"): {n: t.clone() for n, t in params.items()}
-            for field, params in shared.items()
-        }
+        self._server_opt.load_tensor_state(tensors)
 
     def unaccounted_releases(self) -> list[str]:
         out = [
