@@ -557,6 +557,16 @@ class ClientLevelLedger:
         self._eps = eps
         return eps
 
+    def try_charge(self, client_id: int, cost: ClientLevelCost) -> float | None:
+        """Records `cost` if the budget allows it: the new ε, or None (nothing recorded);
+        the same contract as `PrivacyLedger.try_charge`, one accountant evaluation."""
+        eps = self.epsilon_after(client_id, cost)
+        if self._budget is not None and eps > self._budget:
+            return None
+        self._history.append(cost)
+        self._eps = eps
+        return eps
+
     def steps(self, client_id: int = POPULATION) -> int:
         return self.rounds()
 

@@ -253,8 +253,6 @@ class Server:
         dispatched, refused = [], []
         charged: list[int] = []
         stats = self._epsilon_stats()
-        # One accountant evaluation per charge where the ledger offers it.
-        try_charge = getattr(self.ledger, "try_charge", None)
         for task in tasks:
             cost = task.privacy_cost
             if cost is not None:
@@ -262,15 +260,10 @@ class Server:
                     raise ValueError(
                         f"task for client {task.client_id} has a privacy cost but no ledger"
                     )
-                if try_charge is not None:
-                    if try_charge(task.client_id, cost) is None:
-                        refused.append(task)
-                        continue
-                else:
-                    if self.ledger.would_exceed(task.client_id, cost):
-                        refused.append(task)
-                        continue
-                    self.ledger.charge(task.client_id, cost)
+                # charged before release; refused (nothing recorded) over the budget
+                if self.ledger.try_charge(task.client_id, cost) is None:
+                    refused.append(task)
+                    continue
                 charged.append(task.client_id)
             dispatched.append(task)
         if charged and stats is not None:

@@ -173,6 +173,16 @@ def test_the_ledger_charges_rounds_and_refuses_the_one_that_would_exceed_the_bud
     assert list(ledger.epsilons(range(50))) == [ledger.epsilon()] * 50
 
 
+def test_try_charge_charges_like_charge_and_refuses_without_recording():
+    ledger = ClientLevelLedger("rdp", DELTA, 3.0, population=50)
+    reference = ClientLevelLedger("rdp", DELTA, 3.0, population=50)
+    while (eps := ledger.try_charge(POPULATION, _round())) is not None:
+        assert eps == reference.charge(POPULATION, _round()) == ledger.epsilon()
+    assert ledger.rounds() == reference.rounds() == client_level_max_rounds(3.0, DELTA, _round())
+    assert ledger.try_charge(POPULATION, _round()) is None
+    assert ledger.rounds() == reference.rounds()  # nothing recorded by the refusal
+
+
 def test_the_ledger_never_mixes_units():
     ledger = ClientLevelLedger("rdp", DELTA, 3.0, population=50)
     record = PrivacyCost(noise_multiplier=1.0, sampling_rate=0.1, steps=3)
