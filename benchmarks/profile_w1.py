@@ -55,7 +55,9 @@ def _wrap(owner: Any, name: str, label: str | None, labeller: Any = None) -> Non
 def _instrument() -> None:
     import raydpfl.algorithms.base as base
     import raydpfl.algorithms.dp_fedavg as dp_fedavg
+    import raydpfl.algorithms.local_dp_sgd as loop
     import raydpfl.privacy.bookkeeping as bk
+    import raydpfl.privacy.dpsgd as dpsgd
     import raydpfl.simulation.worker as worker
 
     def layer(rec: Any, *_: Any) -> str:
@@ -66,15 +68,16 @@ def _instrument() -> None:
     _wrap(bk, "_positions", "patch extraction (Conv2d unfold)")
     _wrap(bk, "_norm_sq", None, lambda rec, *a: f"per-sample norms: {layer(rec)}")
     _wrap(bk, "_add_weighted_grads", None, lambda rec, *a: f"weighted gradient sum: {layer(rec)}")
-    _wrap(dp_fedavg, "poisson_sample", "Poisson sampling")
+    _wrap(loop, "poisson_sample", "Poisson sampling")
     _wrap(base.ClientData, "batch", "batch gather (index_select)")
     _wrap(worker.ClientWorker, "load_params", "parameter copy-in")
-    _wrap(dp_fedavg, "parameter_delta", "update out (local − start)")
+    _wrap(loop, "parameter_delta", "update out (local − start)")
     _wrap(dp_fedavg, "dp_sgd_local_update", "client loop rest (SGD step, clones, Python)")
     _wrap(bk.BookkeepingClipping, "clipped_sum", "engine rest (weights, stats, Python)")
     # the noise draws and the update p -= (lr/B)(z + s); the engine's part nested (the
     # Linear layers add their weight sums into the noise inside the GEMM)
-    _wrap(dp_fedavg, "dp_sgd_step_", "Gaussian noise + update (normal_, 1 add per tensor)")
+    _wrap(loop, "dp_sgd_step_", "update (1 add per tensor) and step rest")
+    _wrap(dpsgd, "gaussian_like", "Gaussian noise (normal_)")
 
 
 def main(argv: list[str] | None = None) -> None:

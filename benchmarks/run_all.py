@@ -42,9 +42,13 @@ from _proctree import TreeSampler  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 WORKLOADS_PY = ROOT / "benchmarks" / "workloads.py"
-#: workloads.py's runners without the Flower+Opacus peer (whose W3 startup alone takes
-#: minutes): what `--quick` and `--no-peer` run.
-CORE_RUNNERS = "raydpfl_local,raydpfl_ray,floor_nonprivate,floor_per_sample"
+#: Like-for-like denominators of the table: the floor with the same processes and
+#: threads, and the peer in its best mode (workloads.py's `best_peer_modes`).
+FLOOR_OF = {
+    "raydpfl_ray": ("floor_nonprivate_pool", "floor_vectorised_pool"),
+    "raydpfl_local": ("floor_nonprivate",),
+}
+PEER_OF = {"raydpfl_ray": "flower_opacus_best", "raydpfl_local": "opacus_alone_best"}
 
 
 def _newest(pattern: str, after: float) -> Path:
@@ -60,6 +64,7 @@ def run_workload(
     engine: str,
     config: Path | None = None,
     runners: str | None = None,
+    no_peers: bool = False,
 ) -> dict[str, Any]:
     """Runs workloads.py for one workload; returns the JSON it wrote."""
     cmd = [sys.executable, str(WORKLOADS_PY), "--workload", name, "--engine", engine]
@@ -70,6 +75,8 @@ def run_workload(
         cmd += ["--config", str(config)]
     if runners is not None:
         cmd += ["--runners", runners]
+    if no_peers:
+        cmd += ["--no-peers"]
     started = time.time()
     print("$", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -155,33 +162,41 @@ def w5_population(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> list[str]:
-    """The one table: per workload and engine, each runner's figures and ratios."""
+    """The one table: per workload and engine, each runner's figures and its ratios to
+    the like-for-like floor and to the best-configured peer."""
     head = (
-        f"{'workload':<9}{'engine':<12}{'runner':<18}{'s/round':>9}{'samples/s':>11}"
-        f"{'x nonpriv':>10}{'x per-sample':>13}{'x Flower':>9}{'peak PSS MiB':>13}"
+        f"{'workload':<9}{'engine':<9}{'runner':<22}{'s/round':>9}{'cores':>6}"
+        f"{'steps/s/core':>13}{'x floor':>8}{'floor':>23}{'x peer':>7}{'peer (best mode)':>22}"
+        f"{'PSS MiB':>8}"
     )
     lines = [head, "-" * len(head)]
     for key, record in results["workloads"].items():
         workload, engine = key.split(":")
         figs = record["figures"]
-        floor_np = figs.get("floor_nonprivate", {}).get("seconds_per_round")
-        floor_ps = figs.get("floor_per_sample", {}).get("seconds_per_round")
-        peer = figs.get("flower_opacus", {}).get("seconds_per_round")
+        best = record.get("best_peer_modes", {})
         for runner, f in figs.items():
             spr = f["seconds_per_round"]
-            np_ratio = f"{spr / floor_np:.2f}" if floor_np else "-"
-            ps_ratio = f"{floor_ps / spr:.2f}" if floor_ps else "-"
-            peer_ratio = f"{peer / spr:.2f}" if peer else "-"
+            floor = next((fl for fl in FLOOR_OF.get(runner, ()) if fl in figs), None)
+            peer = best.get(PEER_OF.get(runner, ""))
+            floor_ratio = f"{spr / figs[floor]['seconds_per_round']:.2f}" if floor else "-"
+            peer_ratio = f"{figs[peer]['seconds_per_round'] / spr:.2f}" if peer else "-"
+            per_core = f.get("client_steps_per_second_per_core")
             lines.append(
-                f"{workload:<9}{engine:<12}{runner:<18}{spr:>9.3f}"
-                f"{f['samples_per_second']:>11.0f}{np_ratio:>10}{ps_ratio:>13}{peer_ratio:>9}"
-                f"{f['peak_pss_mib']:>13.0f}"
+                f"{workload:<9}{engine:<9}{runner:<22}{spr:>9.3f}{f.get('cores') or '-':>6}"
+                f"{(f'{per_core:.1f}' if per_core else '-'):>13}{floor_ratio:>8}"
+                f"{floor or '-':>23}{peer_ratio:>7}{peer or '-':>22}{f['peak_pss_mib']:>8.0f}"
+            )
+        for t in record.get("targets", []):
+            verdict = "met" if t["met"] else "MISSED"
+            lines.append(
+                f"  target {workload}: {t['ratio']} = {t['value']:.3f} {t['direction']} "
+                f"{t['bound']:.2f}: {verdict} [{t['what']}]"
             )
     lines.append(
-        "(x nonpriv: s/round over the non-private floor's, lower is better; x per-sample, "
-        "x Flower: the per-sample floor's / Flower+Opacus's s/round over this one's, higher "
-        "is better; Flower+Opacus runs where benchmarks/peers/setup_env.sh made its "
-        "environment)"
+        "(x floor: s/round over the like-for-like non-private floor's (same processes and "
+        "threads; W3 also client-vectorised), lower is better; x peer: the best-configured "
+        "peer's s/round over this one's, higher is better: Flower+Opacus for the Ray "
+        "backend, Opacus alone (sequential, 1 thread) for the local backend)"
     )
     mem = results.get("w3_memory")
     if mem:
@@ -225,27 +240,37 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {
         "utc": started.isoformat(timespec="seconds"),
         "command": [Path(sys.executable).name, *sys.argv],
+        "cpu_count": os.cpu_count(),
+        "loadavg_1min_start": os.getloadavg()[0],
         "workloads": {},
     }
-    runners = CORE_RUNNERS if args.no_peer else None  # None: workloads.py's default
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"run_all-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+
+    def save() -> None:  # after every part: an interrupted invocation keeps what it has
+        results["loadavg_1min_end"] = os.getloadavg()[0]
+        path.write_text(json.dumps(results, indent=2))
+
     for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
         for name in ("w1", "w2", "w3"):
             if name not in args.skip:
                 results["workloads"][f"{name}:{engine}"] = run_workload(
-                    name, args, engine, runners=runners
+                    name, args, engine, no_peers=args.no_peer
                 )
+                save()
     if "w3mem" not in args.skip:
         results["w3_memory"] = w3_memory(args)
+        save()
     if "w4" not in args.skip:
         results["w4"] = w4_sweep(args)
+        save()
     if "w5" not in args.skip:
         results["w5"] = w5_population(args)
+        save()
     lines = table(results)
     print("\n" + "\n".join(lines))
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"run_all-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     results["table"] = lines
-    path.write_text(json.dumps(results, indent=2))
+    save()
     print(f"\nwrote {path.relative_to(ROOT)}")
 
 

@@ -60,49 +60,138 @@ WORKLOADS = {
     "w2": ROOT / "configs" / "w2.yaml",
     "w3": ROOT / "configs" / "w3.yaml",
 }
-RUNNERS = ("raydpfl_local", "raydpfl_ray", "floor_nonprivate", "floor_per_sample")
-#: The peer: runs only where its virtual environment exists (see `peer_python`).
-PEER = "flower_opacus"
+RUNNERS = (
+    "raydpfl_local",
+    "raydpfl_ray",
+    "floor_nonprivate",
+    "floor_nonprivate_pool",
+    "floor_vectorised_pool",
+    "floor_per_sample",
+)
+#: The floors (plain PyTorch over raydpfl's recorded batches, `_floors.py`).
+FLOORS = ("floor_nonprivate", "floor_nonprivate_pool", "floor_vectorised_pool", "floor_per_sample")
+#: Floors that run in the Ray pool's layout: W one-thread processes, Ray's client split.
+POOL_FLOORS = ("floor_nonprivate_pool", "floor_vectorised_pool")
+#: The peers, each run where its virtual environment exists (see `peer_python`):
+#: name -> (script in benchmarks/peers/, Opacus grad_sample_mode).
+PEERS = {
+    "flower_opacus": ("flower_opacus.py", "hooks"),
+    "flower_opacus_ghost": ("flower_opacus.py", "ghost"),
+    "opacus_alone": ("opacus_alone.py", "hooks"),
+    "opacus_alone_ghost": ("opacus_alone.py", "ghost"),
+}
+#: Derived figures: the faster of a peer's two Opacus modes ("its best configuration").
+BEST = {
+    "flower_opacus_best": ("flower_opacus", "flower_opacus_ghost"),
+    "opacus_alone_best": ("opacus_alone", "opacus_alone_ghost"),
+}
 ALIASES = {"raydpfl": "raydpfl_local"}  # the runner's name before the Ray runner existed
 RAYDPFL = ("raydpfl_local", "raydpfl_ray")
+#: Runners each workload runs by default (peers are added where their environment
+#: exists). W1/W2 are one client after another: the client-vectorised floor is W3's
+#: (its stacked 582k-parameter copies would not pay on W1/W2). W3's Flower peer spends
+#: minutes starting 10,000 SuperNodes; it runs with `--runners` only.
+DEFAULT_RUNNERS = {
+    "w1": (
+        "raydpfl_local",
+        "raydpfl_ray",
+        "floor_nonprivate",
+        "floor_nonprivate_pool",
+        "floor_per_sample",
+        *PEERS,
+    ),
+    "w2": (
+        "raydpfl_local",
+        "raydpfl_ray",
+        "floor_nonprivate",
+        "floor_nonprivate_pool",
+        "floor_per_sample",
+        *PEERS,
+    ),
+    "w3": (
+        "raydpfl_local",
+        "raydpfl_ray",
+        "floor_nonprivate",
+        "floor_nonprivate_pool",
+        "floor_vectorised_pool",
+        "floor_per_sample",
+        "opacus_alone",
+        "opacus_alone_ghost",
+    ),
+}
 RESULTS_DIR = ROOT / "benchmarks" / "results"
-#: One torch thread per core of the 2-core machine the targets were set on.
-DEFAULT_THREADS = 2
+#: Every process of every runner runs one torch thread: a like-for-like comparison
+#: (the Ray backend's workers and the pool floors run one thread per process).
+DEFAULT_THREADS = 1
 DEFAULT_RAY_WORKERS = 2
 SAMPLE_INTERVAL_S = 0.2
+#: glibc allocator settings raydpfl applies to its own training processes
+#: (`raydpfl.backends.allocator`); given to the floors' and the peers' processes too,
+#: so that every runner has the same allocator.
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 #: s/round ratios reported, numerator over denominator, when both runners ran.
 RATIOS = (
-    ("raydpfl_ray", "raydpfl_local"),  # Ray's own overhead on the same work
-    ("raydpfl_ray", "floor_nonprivate"),
-    ("raydpfl_ray", "floor_per_sample"),
-    ("raydpfl_local", "floor_nonprivate"),
+    # like for like: the same processes and threads, the same clients per process
+    ("raydpfl_ray", "floor_nonprivate_pool"),
+    ("raydpfl_ray", "floor_vectorised_pool"),
+    ("raydpfl_local", "floor_nonprivate"),  # per core: one process, one thread each
     ("raydpfl_local", "floor_per_sample"),
-    ("raydpfl_ray", PEER),
+    ("raydpfl_ray", "raydpfl_local"),  # 2 workers against 1 process: ideal 1/W
+    ("floor_nonprivate_pool", "floor_nonprivate"),  # the floor's own scaling
+    ("raydpfl_ray", "flower_opacus_best"),
+    ("raydpfl_ray", "flower_opacus"),
+    ("raydpfl_ray", "flower_opacus_ghost"),
+    ("raydpfl_local", "opacus_alone_best"),  # per core: both sequential, one thread
+    ("raydpfl_local", "opacus_alone"),
+    ("raydpfl_local", "opacus_alone_ghost"),
 )
-#: (workload, ratio, upper bound, what it says). From the issue (Ray's overhead) and
-#: workloads.md's targets for the ray backend on this 2-core CPU machine.
+#: (workload, figure, bound, direction, what it says). Issue 20's targets: like-for-like
+#: floors and best-configured peers, every runner at the same threads per process.
 TARGETS = (
-    ("w1", "raydpfl_ray/raydpfl_local", 1.15, "Ray's overhead over the local backend, 2 workers"),
-    ("w1", f"raydpfl_ray/{PEER}", 1 / 2.5, "ray backend >= 2.5 x Flower+Opacus (measured)"),
-    ("w2", f"raydpfl_ray/{PEER}", 1 / 5, "ray backend >= 5 x Flower+Opacus (measured)"),
-    ("w3", f"raydpfl_ray/{PEER}", 1 / 10, "ray backend >= 10 x Flower+Opacus (measured)"),
-    ("w1", "raydpfl_ray/floor_nonprivate", 1.6, "ray backend <= 1.6 x the non-private floor"),
-    ("w1", "raydpfl_ray/floor_per_sample", 1 / 2.5, "ray backend >= 2.5 x the per-sample floor"),
-    ("w2", "raydpfl_ray/floor_nonprivate", 1.6, "ray backend <= 1.6 x the non-private floor"),
-    (
-        "w3",
-        "raydpfl_ray/floor_per_sample",
-        1 / 10,
-        "proxy for >= 10 x Flower+Opacus: >= 10 x the per-sample floor (one process, no "
-        "per-client actors; Flower+Opacus pays at least the per-sample floor per client)",
+    *(
+        (
+            wl,
+            "raydpfl_ray/floor_nonprivate_pool",
+            1.3,
+            "<=",
+            "Ray backend <= 1.3 x the non-private floor on the same 2 processes x 1 thread",
+        )
+        for wl in ("w1", "w2")
+    ),
+    *(
+        (
+            wl,
+            "raydpfl_ray/flower_opacus_best",
+            1 / 5,
+            "<=",
+            "Ray backend >= 5 x Flower+Opacus in its best configuration",
+        )
+        for wl in ("w1", "w2")
+    ),
+    *(
+        (
+            wl,
+            "ray_efficiency",
+            0.9,
+            ">=",
+            "two-worker efficiency: local s/round / (W x Ray s/round), 1 thread per process",
+        )
+        for wl in ("w1", "w2")
     ),
     (
-        "w2",
-        "raydpfl_ray/floor_per_sample",
-        1 / 5,
-        "proxy for >= 5 x Flower+Opacus: >= 5 x the per-sample floor (which Flower+Opacus "
-        "only matches on W1, so meeting this suffices)",
+        "w3",
+        "raydpfl_ray/flower_opacus_best",
+        1 / 10,
+        "<=",
+        "Ray backend >= 10 x Flower+Opacus in its best configuration",
+    ),
+    (
+        "w1",
+        "raydpfl_local/floor_per_sample",
+        1 / 2.5,
+        "<=",
+        "per core: >= 2.5 x the per-sample floor (workloads.md)",
     ),
 )
 #: Targets from workloads.md this benchmark cannot check, and why.
@@ -124,17 +213,33 @@ def peer_python() -> Path:
 
 def thread_layout(runner: str, threads: int, ray_workers: int) -> str:
     """How a runner uses the cores, stated beside its figures for fairness."""
-    if runner == PEER:
+    if runner.startswith("flower_opacus"):
         return (
             f"Flower's Ray with {ray_workers} CPUs: {ray_workers} concurrent clients x 1 "
             "torch thread + ServerApp in the driver"
         )
+    if runner.startswith("opacus_alone"):
+        return "1 process x 1 torch thread, clients one after another"
     if runner == "raydpfl_ray":
         return (
             f"{ray_workers} worker processes x 1 torch thread + server actor (1 thread) "
             "+ driver (idle)"
         )
+    if runner in POOL_FLOORS:
+        return (
+            f"{ray_workers} worker processes x 1 torch thread (the Ray pool's clients per "
+            f"worker) + server process ({ray_workers} threads, while the workers wait)"
+        )
     return f"1 process x {threads} torch threads"
+
+
+def cores(runner: str, threads: int, ray_workers: int) -> int:
+    """Cores a runner trains on: the denominator of its per-core figures."""
+    if runner.startswith("flower_opacus") or runner == "raydpfl_ray" or runner in POOL_FLOORS:
+        return ray_workers
+    if runner.startswith("opacus_alone"):
+        return 1
+    return threads
 
 
 # ---- child: one runner, one process ---------------------------------------------------
@@ -148,10 +253,10 @@ def run_child(
     peer_data: Path | None = None,
 ) -> dict[str, Any]:
     """Runs one runner in this process and returns its raw per-round record."""
-    if runner == PEER:
+    if runner in PEERS:
         if peer_data is None:
-            raise SystemExit(f"--runner {PEER} needs --peer-data (the workload's export)")
-        return _run_peer(peer_data, rounds, ray_workers)
+            raise SystemExit(f"--runner {runner} needs --peer-data (the workload's export)")
+        return _run_peer(runner, peer_data, rounds, ray_workers)
     from raydpfl.config import load_config
     from raydpfl.experiment.build import build_experiment
 
@@ -187,9 +292,19 @@ def run_child(
             done = f"{round_idx + 1}/{total_rounds}"
             print(f"  [{runner}] round {done}: {seconds:.2f} s", flush=True)
 
-        plan = _floors.record_batches(exp, total_rounds)  # untimed pre-pass
-        floor = _floors.run_nonprivate if runner == "floor_nonprivate" else _floors.run_per_sample
-        result = floor(plan, progress)
+        # One thread in the pre-pass: the pool floors fork their workers after it.
+        torch.set_num_threads(1 if runner in POOL_FLOORS else threads)
+        plan = _floors.record_batches(exp, total_rounds, workers=ray_workers)  # untimed
+        floor = {
+            "floor_nonprivate": _floors.run_nonprivate,
+            "floor_nonprivate_pool": _floors.run_nonprivate,
+            "floor_vectorised_pool": _floors.run_vectorised_nonprivate,
+            "floor_per_sample": _floors.run_per_sample,
+        }[runner]
+        processes = ray_workers if runner in POOL_FLOORS else 1
+        if processes == 1:
+            torch.set_num_threads(threads)
+        result = floor(plan, progress, processes=processes)
         out = {
             "round_seconds": result.round_seconds,
             "round_clients": [len(clients) for clients in plan.rounds],
@@ -199,6 +314,7 @@ def run_child(
     return {
         "runner": runner,
         "thread_layout": thread_layout(runner, threads, ray_workers),
+        "cores": cores(runner, threads, ray_workers),
         "local_steps": exp.algorithm.local_steps,
         **out,
     }
@@ -280,32 +396,36 @@ def export_for_peer(config: Path, rounds: int | None, out: Path) -> Path:
     return out
 
 
-def _run_peer(data: Path, rounds: int | None, ray_workers: int) -> dict[str, Any]:
-    """Flower+Opacus (`peers/flower_opacus.py`) in its own environment on `data`, the
-    export of this workload."""
+def _run_peer(runner: str, data: Path, rounds: int | None, ray_workers: int) -> dict[str, Any]:
+    """A peer (`peers/flower_opacus.py` or `peers/opacus_alone.py`, in its own
+    environment, with the same allocator settings as raydpfl) on `data`, the export of
+    this workload."""
+    script, mode = PEERS[runner]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [str(peer_python()), str(ROOT / "benchmarks" / "peers" / "flower_opacus.py")]
-        cmd += [str(data), "--cpus", str(ray_workers), "--out-dir", tmp]
+        cmd = [str(peer_python()), str(ROOT / "benchmarks" / "peers" / script), str(data)]
+        cmd += ["--grad-sample-mode", mode, "--allocator", "tuned", "--out-dir", tmp]
+        if script.startswith("flower"):
+            cmd += ["--cpus", str(ray_workers)]
         if rounds is not None:
             cmd += ["--rounds", str(rounds)]
         subprocess.run(cmd, cwd=ROOT, check=True)
-        (result,) = Path(tmp).glob("flower_opacus-*.json")
+        (result,) = Path(tmp).glob("*.json")
         peer = json.loads(result.read_text())
     fig = peer["figures"]
+    startup_keys = ("ray_init_seconds", "launch_to_round1_seconds", "shutdown_seconds")
     return {
-        "runner": PEER,
-        "thread_layout": thread_layout(PEER, 1, ray_workers),
+        "runner": runner,
+        "thread_layout": thread_layout(runner, 1, ray_workers),
+        "cores": cores(runner, 1, ray_workers),
         "local_steps": peer["hyperparameters"]["local_steps"],
         "round_seconds": peer["round_seconds"],
         "round_clients": peer["round_clients"],
         "round_samples": peer["round_samples"],
         "test_accuracy": fig["test_accuracy"],
-        "startup": {
-            k: fig[k]
-            for k in ("ray_init_seconds", "launch_to_round1_seconds", "shutdown_seconds")
-            if k in fig
-        },
+        "startup": {k: fig[k] for k in startup_keys if k in fig},
         "versions": peer.get("versions", {}),
+        "grad_sample_mode": peer.get("grad_sample_mode", mode),
+        "allocator": peer.get("allocator"),
     }
 
 
@@ -318,7 +438,9 @@ def figures(run: dict[str, Any]) -> dict[str, float]:
     client_steps = statistics.median(run["round_clients"][i] * run["local_steps"] for i in timed)
     out = {
         "seconds_per_round": per_round,
+        "cores": run.get("cores"),
         "client_steps_per_second": client_steps / per_round,
+        "client_steps_per_second_per_core": client_steps / per_round / run.get("cores", 1),
         "samples_per_second": statistics.median(run["round_samples"][i] / secs[i] for i in timed),
         "peak_rss_mib": run["process_tree"]["peak_rss_mib"],
         "peak_pss_mib": run["process_tree"]["peak_pss_mib"],
@@ -340,7 +462,7 @@ def check_same_work(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     batches recorded by replaying raydpfl's RNG streams. A replay that drifted from
     raydpfl's draw order would give different Poisson batches, hence different totals.
     """
-    # RUNNERS replay raydpfl's exact Poisson batches; the peer draws its own.
+    # RUNNERS replay raydpfl's exact Poisson batches; the peers draw their own.
     same = {name: r for name, r in runs.items() if name in RUNNERS} or runs
     (ref_name, ref_runs), *_ = same.items()
     ref = ref_runs[0]
@@ -404,6 +526,16 @@ def _median_figures(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {key: _median_or_none([f[key] for f in per_repeat]) for key in per_repeat[0]}
 
 
+def best_of(figs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """For each derived peer in `BEST`: the runner (mode) with the lower s/round."""
+    out = {}
+    for best, modes in BEST.items():
+        ran = [m for m in modes if m in figs]
+        if ran:
+            out[best] = min(ran, key=lambda m: figs[m]["seconds_per_round"])
+    return out
+
+
 def _median_or_none(values: list[Any]) -> Any:
     """The median of the values that exist; None when none does (e.g. the test accuracy
     of a config without a central test set)."""
@@ -416,36 +548,57 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _ratios(figs: dict[str, dict[str, float]], runs: dict[str, list]) -> dict[str, Any]:
-    """s/round of each pair in RATIOS: of the medians, and per repeat."""
+def _ratios(
+    figs: dict[str, dict[str, float]], runs: dict[str, list], ray_workers: int = 2
+) -> dict[str, Any]:
+    """s/round of each pair in RATIOS: of the medians, and per repeat; a peer's `BEST`
+    is the faster of its modes (named in ``best``); plus the Ray pool's efficiency."""
+    best = best_of(figs)
+    alias = {**{n: n for n in figs}, **best}
     out: dict[str, Any] = {}
     for a, b in RATIOS:
-        if a in figs and b in figs:
+        if a in alias and b in alias:
+            fa, fb = figs[alias[a]], figs[alias[b]]
             out[f"{a}/{b}"] = {
-                "seconds_per_round": figs[a]["seconds_per_round"] / figs[b]["seconds_per_round"],
+                "seconds_per_round": fa["seconds_per_round"] / fb["seconds_per_round"],
                 "per_repeat": [
                     figures(x)["seconds_per_round"] / figures(y)["seconds_per_round"]
-                    for x, y in zip(runs[a], runs[b], strict=True)
+                    for x, y in zip(runs[alias[a]], runs[alias[b]], strict=True)
                 ],
+                **({"best": alias[b]} if b in best else {}),
             }
     if all(name in figs for name in RAYDPFL):  # also from inside the server actor
         out["raydpfl_ray/raydpfl_local"]["server_side"] = (
             figs["raydpfl_ray"]["server_seconds_per_round"]
             / figs["raydpfl_local"]["server_seconds_per_round"]
         )
+        # Ideal W-worker speed-up over one process of the same threads is W; the local
+        # runner's threads must be the workers' one thread for this to mean anything.
+        local_cores = figs["raydpfl_local"].get("cores")
+        if local_cores == 1:
+            ratio = out["raydpfl_ray/raydpfl_local"]["seconds_per_round"]
+            out["ray_efficiency"] = {"seconds_per_round": 1.0 / (ray_workers * ratio)}
     return out
 
 
-def _targets(workload: str, ratios: dict[str, Any], ray_workers: int) -> list[dict[str, Any]]:
+def _targets(workload: str, ratios: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
-    for wl, key, bound, what in TARGETS:
+    for wl, key, bound, direction, what in TARGETS:
         if wl != workload or key not in ratios:
             continue
         value = ratios[key]["seconds_per_round"]
-        # The overhead bound was set for the default pool of 2 workers on 2 cores.
-        applies = key != "raydpfl_ray/raydpfl_local" or ray_workers == DEFAULT_RAY_WORKERS
-        met = value <= bound if applies else None
-        out.append({"ratio": key, "bound": bound, "what": what, "value": value, "met": met})
+        met = value <= bound if direction == "<=" else value >= bound
+        out.append(
+            {
+                "ratio": key,
+                "bound": bound,
+                "direction": direction,
+                "what": what,
+                "value": value,
+                "met": met,
+                **({"best": ratios[key]["best"]} if "best" in ratios[key] else {}),
+            }
+        )
     return out
 
 
@@ -461,7 +614,8 @@ def report_lines(
     """The report, as quoted."""
     rounds = len(work["round_samples"])
     clients = work["round_clients"][0]
-    peer = " except flower_opacus, which draws its own" if PEER in figs else ""
+    peers = [name for name in figs if name in PEERS]
+    peer = f" except the peers ({', '.join(peers)}), which draw their own" if peers else ""
     lines = [
         f"{workload.upper()}: {rounds} rounds, {clients} clients/round, {work['total_samples']} "
         f"sampled records in all (identical across runners{peer}: batch check passed)",
@@ -470,28 +624,37 @@ def report_lines(
         f"rates use rounds 2..{rounds}; s/round of raydpfl runners is measured on the driver",
     ]
     header = (
-        f"{'runner':<18}{'s/round':>9}{'server s/r':>11}{'client-steps/s':>15}"
-        f"{'samples/s':>10}{'peak RSS MiB':>13}{'peak PSS MiB':>13}{'test acc':>9}"
+        f"{'runner':<22}{'s/round':>9}{'server s/r':>11}{'cores':>6}{'client-steps/s':>15}"
+        f"{'per core':>9}{'samples/s':>10}{'peak RSS MiB':>13}{'peak PSS MiB':>13}"
+        f"{'test acc':>9}"
     )
     lines += [header, "-" * len(header)]
     for name, f in figs.items():
         server = f.get("server_seconds_per_round")
         lines.append(
-            f"{name:<18}{f['seconds_per_round']:>9.3f}"
+            f"{name:<22}{f['seconds_per_round']:>9.3f}"
             f"{(f'{server:.3f}' if server is not None else '-'):>11}"
-            f"{f['client_steps_per_second']:>15.1f}{f['samples_per_second']:>10.0f}"
+            f"{_fmt(f.get('cores'), 'd'):>6}"
+            f"{f['client_steps_per_second']:>15.1f}"
+            f"{_fmt(f.get('client_steps_per_second_per_core'), '.1f'):>9}"
+            f"{f['samples_per_second']:>10.0f}"
             f"{f['peak_rss_mib']:>13.0f}{f['peak_pss_mib']:>13.0f}"
             f"{_fmt(f['test_accuracy'], '.4f'):>9}"
         )
     lines.append("threads:")
-    lines += [f"  {name:<18}{runs[name][0]['thread_layout']}" for name in figs]
-    if PEER in figs:
-        f = figs[PEER]
-        lines.append(
-            f"flower_opacus startup (not in s/round): ray.init {f['ray_init_seconds']:.1f} s, "
-            f"to round 1 {f['launch_to_round1_seconds']:.1f} s; "
-            + ", ".join(f"{k} {v}" for k, v in runs[PEER][0]["versions"].items())
+    lines += [f"  {name:<22}{runs[name][0]['thread_layout']}" for name in figs]
+    for name in peers:
+        f = figs[name]
+        start = ", ".join(
+            f"{label} {f[key]:.1f} s"
+            for key, label in (
+                ("ray_init_seconds", "ray.init"),
+                ("launch_to_round1_seconds", "to round 1"),
+            )
+            if f.get(key) is not None
         )
+        versions = ", ".join(f"{k} {v}" for k, v in runs[name][0].get("versions", {}).items())
+        lines.append(f"{name} startup (not in s/round): {start}; {versions}")
     if "raydpfl_ray" in figs:
         f = figs["raydpfl_ray"]
         lines.append(
@@ -501,22 +664,26 @@ def report_lines(
         )
     lines.append("CPU over the whole run, by process name (user + sys s, minor page faults):")
     for name in figs:
-        lines.append(f"  {name:<18}{_cpu_summary(runs[name][0]['process_tree']['cpu_by_name'])}")
+        lines.append(f"  {name:<22}{_cpu_summary(runs[name][0]['process_tree']['cpu_by_name'])}")
     lines.append("ratios of s/round (same invocation):")
     for key, r in ratios.items():
         extra = f"  (server-side: {r['server_side']:.3f})" if "server_side" in r else ""
-        lines.append(f"  {key:<34}{r['seconds_per_round']:>7.3f}{extra}")
+        extra += f"  (best mode: {r['best']})" if "best" in r else ""
+        lines.append(f"  {key:<42}{r['seconds_per_round']:>7.3f}{extra}")
     lines += ["targets:"] if targets or UNCHECKED[workload] else []
     for t in targets:
-        verdict = {True: "MET", False: "NOT MET", None: "n/a (set for 2 workers)"}[t["met"]]
+        verdict = "MET" if t["met"] else "NOT MET (missed)"
         lines.append(
-            f"  {t['ratio']} = {t['value']:.3f} <= {t['bound']:.2f}: {verdict}  [{t['what']}]"
+            f"  {t['ratio']} = {t['value']:.3f} {t['direction']} {t['bound']:.2f}: {verdict}"
+            f"  [{t['what']}]"
         )
     lines += [f"  not checked: {note}" for note in UNCHECKED[workload]]
-    if PEER not in figs:
+    for wl, key, _, _, what in TARGETS:
+        if wl == workload and key not in ratios:
+            lines.append(f"  not checked (a runner did not run): {key}  [{what}]")
+    if not peers:
         lines.append(
-            "  not run: flower_opacus (make its environment with "
-            "`bash benchmarks/peers/setup_env.sh`); the per-sample floor stands in for it"
+            "  peers not run (--no-peers, or no environment: `bash benchmarks/peers/setup_env.sh`)"
         )
     # Same batches, same noise: raydpfl's two backends compute the same arithmetic, and
     # the per-sample floor too up to summation order; a gap means different arithmetic.
@@ -552,17 +719,30 @@ def _cpu_summary(by_name: dict[str, dict[str, float]], top: int = 3) -> str:
 
 
 # ---- parent: orchestration --------------------------------------------------------------
+def runners_for(workload: str, runner_list: list[str] | None, no_peers: bool = False) -> list[str]:
+    """The runners to run: those asked for, else the workload's defaults (the peers only
+    where their environment exists, and not with `no_peers`)."""
+    if runner_list is not None:
+        return list(runner_list)
+    have_peers = peer_python().exists() and not no_peers
+    return [r for r in DEFAULT_RUNNERS[workload] if r not in PEERS or have_peers]
+
+
 def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
     """Runs every runner (interleaved per repeat), reports and writes the results."""
+    args = argparse.Namespace(
+        **{**vars(args), "runner_list": runners_for(workload, args.runner_list, args.no_peers)}
+    )
     started = datetime.now(timezone.utc)
+    load_start = os.getloadavg()
     source = source_info()  # before the runs: others may edit the tree meanwhile
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.runner_list}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stem = RESULTS_DIR / f"{workload}-{started.strftime('%Y%m%dT%H%M%SZ')}"
     partial = stem.with_suffix(".runs.json")  # every finished run, written as it ends
     with tempfile.TemporaryDirectory() as tmp:
-        if PEER in args.runner_list:
-            print(f"{workload}: exporting the workload for {PEER} (untimed)", flush=True)
+        if any(name in PEERS for name in args.runner_list):
+            print(f"{workload}: exporting the workload for the peers (untimed)", flush=True)
             peer_data = export_for_peer(config, args.rounds, Path(tmp) / "peer-workload.npz")
         # Runners interleave within each repeat, so slow drift of the machine spreads
         # over all of them instead of biasing one.
@@ -576,13 +756,15 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
                 cmd += ["--config", str(config)]
                 if args.rounds is not None:
                     cmd += ["--rounds", str(args.rounds)]
-                if name == PEER:
+                if name in PEERS:
                     cmd += ["--peer-data", str(peer_data)]
                 print(f"{workload} repeat {k + 1}/{args.repeats}: {name}", flush=True)
                 # Other work on a shared machine skews the figures; the 1-minute load
                 # average around each run makes that visible in the JSON.
                 load_before = os.getloadavg()[0]
-                proc = subprocess.Popen(cmd)
+                # raydpfl tunes its own allocator; the floors and peers get the same.
+                env = os.environ if name in RAYDPFL else {**os.environ, **ALLOCATOR_ENV}
+                proc = subprocess.Popen(cmd, env=env)
                 with TreeSampler(proc.pid, SAMPLE_INTERVAL_S) as sampler:
                     code = proc.wait()
                 if code != 0:
@@ -595,14 +777,15 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
 
     work = check_same_work(runs)
     figs = {name: _median_figures(name_runs) for name, name_runs in runs.items()}
-    ratios = _ratios(figs, runs)
-    targets = _targets(workload, ratios, args.ray_workers)
+    ratios = _ratios(figs, runs, args.ray_workers)
+    targets = _targets(workload, ratios)
     report = {
         "workload": workload.upper(),
         "utc": started.isoformat(timespec="seconds"),
         "command": [Path(sys.executable).name, *sys.argv],
         "config": str(config),
         "machine": machine_info(),
+        "loadavg_1min": {"start": load_start[0], "end": os.getloadavg()[0]},
         "source": source,
         "settings": {
             "rounds": len(work["round_samples"]),
@@ -612,7 +795,9 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
             "repeats": args.repeats,
             "runners": args.runner_list,
             "sample_interval_s": SAMPLE_INTERVAL_S,
+            "allocator_env_of_floors_and_peers": ALLOCATOR_ENV,
         },
+        "best_peer_modes": best_of(figs),
         "batch_check": work,
         "figures": figs,
         "ratios": ratios,
@@ -643,8 +828,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads",
         type=int,
         default=DEFAULT_THREADS,
-        help=f"torch threads of the single-process runners (default {DEFAULT_THREADS}: "
-        "one per core of 2)",
+        help=f"torch threads of the single-process runners (default {DEFAULT_THREADS}: the "
+        "threads of every Ray worker and pool-floor process, for like-for-like figures)",
     )
     p.add_argument(
         "--ray-workers",
@@ -661,13 +846,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--runners",
         default=None,
-        help=f"comma-separated, run in order (default: {', '.join(RUNNERS)}, and {PEER} "
+        help="comma-separated, run in order (default: each workload's DEFAULT_RUNNERS; the "
+        "peers where their environment exists; "
         "where its environment exists)",
     )
+    p.add_argument("--no-peers", action="store_true", help="leave the peers out of the defaults")
     p.add_argument("--repeats", type=int, default=1, help="runs per runner; figures are medians")
     p.add_argument("--config", type=Path, help="config file (one workload only; default its own)")
     # Child mode, used by the parent: run one runner and write its record to --json.
-    p.add_argument("--runner", choices=(*RUNNERS, PEER), help=argparse.SUPPRESS)
+    p.add_argument("--runner", choices=(*RUNNERS, *PEERS), help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--peer-data", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -678,15 +865,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.config is not None and len(args.workload) > 1:
         p.error("--config needs a single --workload")
     if args.runners is None:
-        names = [*RUNNERS, *([PEER] if peer_python().exists() else [])]
-    else:
-        names = [ALIASES.get(r.strip(), r.strip()) for r in args.runners.split(",") if r.strip()]
+        args.runner_list = None  # each workload's DEFAULT_RUNNERS (`runners_for`)
+        return args
+    names = [ALIASES.get(r.strip(), r.strip()) for r in args.runners.split(",") if r.strip()]
     args.runner_list = list(dict.fromkeys(names))
-    unknown = sorted(set(args.runner_list) - {*RUNNERS, PEER})
+    unknown = sorted(set(args.runner_list) - {*RUNNERS, *PEERS})
     if unknown or not args.runner_list:
-        p.error(f"--runners: unknown {unknown}; choose from {', '.join((*RUNNERS, PEER))}")
-    if PEER in args.runner_list and not peer_python().exists():
-        p.error(f"--runners: {PEER} needs {peer_python()} (bash benchmarks/peers/setup_env.sh)")
+        p.error(f"--runners: unknown {unknown}; choose from {', '.join((*RUNNERS, *PEERS))}")
+    missing = [name for name in args.runner_list if name in PEERS]
+    if missing and not peer_python().exists():
+        p.error(f"--runners: {missing} need {peer_python()} (bash benchmarks/peers/setup_env.sh)")
     return args
 
 
