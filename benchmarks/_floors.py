@@ -34,6 +34,7 @@ from torch.func import functional_call, grad, vmap
 
 from raydpfl.algorithms import DPFedAvg
 from raydpfl.experiment.build import Experiment
+from raydpfl.privacy import ziggurat
 from raydpfl.simulation.reduction import lpt_bins
 from raydpfl.simulation.seeding import SERVER, numpy_rng, torch_generator
 
@@ -87,6 +88,10 @@ class BatchPlan:
     sampling_rate: float
     clip_norm: float
     noise_multiplier: float
+    #: raydpfl's Gaussian sampler (``privacy.noise_sampler``): ``torch`` (one randn per
+    #: tensor) or ``ziggurat`` (one seed draw per tensor, `raydpfl.privacy.ziggurat`'s
+    #: documented stream), replayed by the per-sample floor.
+    noise_sampler: str = "torch"
 
     def round_samples(self) -> list[int]:
         """Records sampled in each round, summed over clients and steps."""
@@ -121,9 +126,11 @@ def record_batches(exp: Experiment, rounds: int, workers: int = 1) -> BatchPlan:
     """Replays raydpfl's cohort and per-client RNG streams for `rounds` rounds (untimed).
 
     The replay follows DP-FedAvg's draw order on a client's "train" stream: per step,
-    ``torch.rand(|D_i|) < q`` for the Poisson mask, then one ``torch.randn`` per
-    parameter tensor in ``named_parameters()`` order for the noise. Skipping any draw
-    would shift every later batch, so the batch-size check in `w1.py` guards this order.
+    ``torch.rand(|D_i|) < q`` for the Poisson mask, then per parameter tensor in
+    ``named_parameters()`` order the noise: one ``torch.randn`` of the tensor's shape, or
+    with ``privacy.noise_sampler: ziggurat`` one seed draw (`ziggurat.draw_seed`).
+    Skipping any draw would shift every later batch, so the batch check in
+    `workloads.py` guards this order.
     """
     algo = exp.algorithm
     if not isinstance(algo, DPFedAvg):
@@ -132,6 +139,7 @@ def record_batches(exp: Experiment, rounds: int, workers: int = 1) -> BatchPlan:
         raise ValueError(f"the floors run on the CPU; the experiment resolved to {exp.device!r}")
     seed = exp.config.runtime.seed
     groups = exp.config.runtime.aggregation_groups
+    sampler = exp.config.experiment.privacy.noise_sampler
     shapes = [p.shape for p in exp.init_params.values()]  # named_parameters() order
     ds = exp.dataset
     client_rows = [torch.as_tensor(idx) for idx in ds.client_train]
@@ -147,7 +155,10 @@ def record_batches(exp: Experiment, rounds: int, workers: int = 1) -> BatchPlan:
                 positions = torch.rand(rows.numel(), generator=gen) < algo.sampling_rate
                 state = gen.get_state()
                 for shape in shapes:
-                    torch.randn(shape, generator=gen)
+                    if sampler == "ziggurat":
+                        ziggurat.draw_seed(gen)
+                    else:
+                        torch.randn(shape, generator=gen)
                 steps.append(Step(rows[positions.nonzero().flatten()], state))
             clients.append(ClientRun(c, int(rows.numel()), tuple(steps)))
         plan_rounds.append(tuple(clients))
@@ -169,6 +180,7 @@ def record_batches(exp: Experiment, rounds: int, workers: int = 1) -> BatchPlan:
         sampling_rate=algo.sampling_rate,
         clip_norm=algo.clip_norm,
         noise_multiplier=algo.noise_multiplier,
+        noise_sampler=sampler,
     )
 
 
@@ -473,7 +485,10 @@ def _per_sample_trainer(plan: BatchPlan) -> PartialTrainer:
                 summed = {n: torch.zeros_like(p) for n, p in params.items()}
             gen.set_state(step.noise_state)
             for n, p in params.items():
-                s = summed[n].add_(torch.randn(p.shape, generator=gen), alpha=noise_std)
+                if plan.noise_sampler == "ziggurat":  # its stream: std applied in float64
+                    s = summed[n].add_(ziggurat.normal(p.shape, noise_std, gen, p.dtype))
+                else:
+                    s = summed[n].add_(torch.randn(p.shape, generator=gen), alpha=noise_std)
                 p.sub_(s, alpha=step_size)
         return params
 

@@ -251,6 +251,7 @@ def run_child(
     ray_workers: int,
     engine: str = "auto",
     peer_data: Path | None = None,
+    noise_sampler: str = "ziggurat",
 ) -> dict[str, Any]:
     """Runs one runner in this process and returns its raw per-round record."""
     if runner in PEERS:
@@ -278,6 +279,8 @@ def run_child(
             f"runtime.threads={threads}",
         ]
     overrides += ["runtime.device=cpu", f"runtime.engine={engine}"]
+    # raydpfl's Gaussian sampler; the floors read it from the config and replay it
+    overrides.append(f"experiment.privacy.noise_sampler={noise_sampler}")
     if rounds is not None:
         overrides.append(f"algorithm.rounds={rounds}")
     exp = build_experiment(load_config(config, overrides))
@@ -621,7 +624,8 @@ def report_lines(
         f"sampled records in all (identical across runners{peer}: batch check passed)",
         f"repeats: {args.repeats}"
         f"{' (figures are medians across repeats)' if args.repeats > 1 else ''}; "
-        f"rates use rounds 2..{rounds}; s/round of raydpfl runners is measured on the driver",
+        f"rates use rounds 2..{rounds}; s/round of raydpfl runners is measured on the driver; "
+        f"raydpfl's noise sampler: {getattr(args, 'noise_sampler', 'torch')}",
     ]
     header = (
         f"{'runner':<22}{'s/round':>9}{'server s/r':>11}{'cores':>6}{'client-steps/s':>15}"
@@ -752,7 +756,7 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
                 cmd = [sys.executable, str(THIS), "--workload", workload, "--runner", name]
                 cmd += ["--json", str(out)]
                 cmd += ["--threads", str(args.threads), "--ray-workers", str(args.ray_workers)]
-                cmd += ["--engine", args.engine]
+                cmd += ["--engine", args.engine, "--noise-sampler", args.noise_sampler]
                 cmd += ["--config", str(config)]
                 if args.rounds is not None:
                     cmd += ["--rounds", str(args.rounds)]
@@ -791,6 +795,7 @@ def run_workload(workload: str, config: Path, args: argparse.Namespace) -> None:
             "rounds": len(work["round_samples"]),
             "threads": args.threads,
             "engine": args.engine,
+            "noise_sampler": args.noise_sampler,
             "ray_workers": args.ray_workers,
             "repeats": args.repeats,
             "runners": args.runner_list,
@@ -851,6 +856,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "where its environment exists)",
     )
     p.add_argument("--no-peers", action="store_true", help="leave the peers out of the defaults")
+    p.add_argument(
+        "--noise-sampler",
+        choices=("torch", "ziggurat"),
+        default="ziggurat",
+        help="raydpfl's privacy.noise_sampler (default ziggurat, its fastest on the CPU; the "
+        "floors replay the same streams)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs per runner; figures are medians")
     p.add_argument("--config", type=Path, help="config file (one workload only; default its own)")
     # Child mode, used by the parent: run one runner and write its record to --json.
@@ -891,6 +903,7 @@ def main(argv: list[str] | None = None) -> None:
             args.ray_workers,
             args.engine,
             args.peer_data,
+            args.noise_sampler,
         )
         args.json.write_text(json.dumps(record))
         return

@@ -11,7 +11,10 @@ raydpfl's partition, raydpfl's initial model and raydpfl's cohorts) and runs:
 - Client: a fresh model (the export's: FedAvgCNN for fedavg_cnn, BcsMnistCnn for
   bcs_mnist_cnn, plain torch.nn) loaded with the global model, SGD(lr), Opacus
   `PrivacyEngine.make_private` (noise_multiplier sigma, max_grad_norm C, default "mean"
-  loss reduction) over an Opacus `DPDataLoader` with Poisson rate q; exactly tau steps
+  loss reduction, `grad_sample_mode` from `--grad-sample-mode`: "hooks", per-sample
+  gradients, or "ghost", Opacus's fast gradient / ghost clipping, where the loss comes
+  from the criterion `make_private` returns and its `.backward()` runs both backward
+  passes) over an Opacus `DPDataLoader` with Poisson rate q; exactly tau steps
   (tau Poisson batches, an empty batch still a step; at q = 1, W3, Opacus's Poisson
   sampler keeps every record, so each step is full-batch). The optimizer's
   `expected_batch_size` is set to q*|D_i| (Opacus would use int(q*|D_i|)), so the noised
@@ -24,6 +27,15 @@ raydpfl's partition, raydpfl's initial model and raydpfl's cohorts) and runs:
   federated evaluation; the final global model is scored on the exported test set
   after the last round, outside the round times.
 
+Allocator (`--allocator`, default "tuned"): every process of the run (the driver, which
+holds the ServerApp, and each ClientApp actor) gets glibc's malloc settings that raydpfl
+gives its own training processes (`raydpfl/backends/allocator.py`: mmap threshold
+64 MiB, trim threshold 256 MiB), as the environment variables MALLOC_MMAP_THRESHOLD_ and
+MALLOC_TRIM_THRESHOLD_, which glibc reads at process start: the driver re-executes
+itself with them, and Ray's runtime_env passes them to the actors. "default" runs every
+process with glibc's defaults (the variables removed). Each client reports whether its
+actor has them; the JSON's "allocator" says so.
+
 Round time = wall clock between consecutive round starts (`configure_train` calls) on
 the server; the last round ends when its aggregation returns. Seconds per round =
 median over rounds 2..R.
@@ -31,9 +43,12 @@ median over rounds 2..R.
 Usage (from the repository root):
 
     $RAYDPFL_PEERS_VENV/bin/python benchmarks/peers/flower_opacus.py \
-        ~/.cache/raydpfl/peers-data/w1.npz [--rounds R] [--cpus 2]
+        ~/.cache/raydpfl/peers-data/w1.npz [--rounds R] [--cpus 2] \
+        [--grad-sample-mode {hooks,ghost}] [--allocator {tuned,default}] [--out-dir DIR]
 
-Writes benchmarks/results/peers/flower_opacus-<workload>-<UTC>.json and prints a table.
+Writes benchmarks/results/peers/flower_opacus[-ghost]-<workload>-<UTC>.json (exactly one
+file per run; "-ghost" with `--grad-sample-mode ghost`), prints a table, and prints
+`wrote <path>` as the last line of stdout.
 """
 
 from __future__ import annotations
@@ -61,11 +76,64 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "benchmarks" / "results" / "peers"
+
+GRAD_SAMPLE_MODES = ("hooks", "ghost")
+ALLOCATOR_MODES = ("tuned", "default")
+#: glibc malloc settings that raydpfl gives its training processes
+#: (raydpfl/backends/allocator.py: MMAP_THRESHOLD = 64 MiB, TRIM_THRESHOLD = 256 MiB, set
+#: there with mallopt). glibc reads these variables once, at process start.
+ALLOCATOR_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(64 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
+}
+_REEXEC_MARK = "RAYDPFL_PEERS_ALLOCATOR_REEXEC"
+
+
+def _environ_at_start() -> dict[str, str] | None:
+    """The environment this process was started with (`/proc/self/environ`: what glibc
+    read), or None without procfs."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return dict(e.decode(errors="replace").split("=", 1) for e in raw if b"=" in e)
+
+
+def allocator_env_ok(mode: str) -> bool:
+    """True when this process runs with `mode`'s allocator: "tuned", both ALLOCATOR_ENV
+    values in `os.environ` and in the environment the process started with; "default",
+    neither variable in either."""
+    envs: list[Any] = [os.environ]
+    start = _environ_at_start()
+    if start is not None:
+        envs.append(start)
+    if mode == "tuned":
+        return all(env.get(k) == v for env in envs for k, v in ALLOCATOR_ENV.items())
+    return not any(k in env for env in envs for k in ALLOCATOR_ENV)
+
+
+def reexec_for_allocator(mode: str) -> None:
+    """Makes this process's environment match `mode`, re-executing the script once (same
+    interpreter, same arguments) when the variables must be added ("tuned") or removed
+    ("default"): glibc reads them only at process start."""
+    if allocator_env_ok(mode):
+        os.environ.pop(_REEXEC_MARK, None)
+        return
+    if os.environ.get(_REEXEC_MARK):
+        raise SystemExit(f"--allocator {mode}: the environment is still wrong after re-exec")
+    if mode == "tuned":
+        os.environ.update(ALLOCATOR_ENV)
+    else:
+        for k in ALLOCATOR_ENV:
+            os.environ.pop(k, None)
+    os.environ[_REEXEC_MARK] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 # ---- model: raydpfl's fedavg_cnn, same parameter names ---------------------------------
@@ -162,11 +230,62 @@ def load_workload(path: str) -> Workload:
     return _WORKLOADS[path]
 
 
+def evaluate_accuracy(wl: Workload, state: dict[str, torch.Tensor]) -> float:
+    """Accuracy of the model with parameters `state` on the export's test set."""
+    model = wl.build_model()
+    model.load_state_dict(state)
+    model.eval()
+    with torch.no_grad():
+        correct = sum(
+            int((model(wl.x_test[i : i + 2048]).argmax(1) == wl.y_test[i : i + 2048]).sum())
+            for i in range(0, wl.x_test.shape[0], 2048)
+        )
+    return correct / wl.x_test.shape[0]
+
+
 def _max_rss_kib() -> int:
     """This process's peak resident set size in KiB (Linux ru_maxrss)."""
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+# ---- Opacus --------------------------------------------------------------------------------
+def make_private(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: Any,
+    *,
+    mode: str,
+    noise_multiplier: float,
+    clip_norm: float,
+) -> tuple[Any, Any, Any, Any]:
+    """Opacus's `PrivacyEngine.make_private` in `mode` ("hooks" or "ghost") over an
+    existing Poisson `DPDataLoader`; returns (model, optimizer, criterion, loader).
+
+    The criterion is cross entropy with "mean" reduction. In "ghost" mode it is Opacus's
+    wrapper whose loss's `.backward()` runs ghost clipping's two backward passes.
+    """
+    from opacus import PrivacyEngine
+
+    if mode not in GRAD_SAMPLE_MODES:
+        raise ValueError(f"grad_sample_mode {mode!r}; known: {GRAD_SAMPLE_MODES}")
+    criterion = nn.CrossEntropyLoss()  # "mean", Opacus's default loss reduction
+    kwargs = {
+        "module": model,
+        "optimizer": optimizer,
+        "data_loader": loader,
+        "noise_multiplier": noise_multiplier,
+        "max_grad_norm": clip_norm,
+        "poisson_sampling": False,  # the loader is already Opacus's Poisson DPDataLoader
+        "grad_sample_mode": mode,
+    }
+    engine = PrivacyEngine(accountant="rdp")
+    if mode == "ghost":
+        model, optimizer, criterion, loader = engine.make_private(criterion=criterion, **kwargs)
+    else:
+        model, optimizer, loader = engine.make_private(**kwargs)
+    return model, optimizer, criterion, loader
 
 
 # ---- ClientApp ---------------------------------------------------------------------------
@@ -184,7 +303,6 @@ def _make_client_app() -> Any:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        from opacus import PrivacyEngine
         from opacus.data_loader import DPDataLoader
         from torch.utils.data import TensorDataset
 
@@ -200,21 +318,23 @@ def _make_client_app() -> Any:
         q = float(cfg["sampling-rate"])
         x, y = wl.client_data(cid)
         n = int(x.shape[0])
+        mode = str(cfg["grad-sample-mode"])
 
         model = wl.build_model()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         optimizer = torch.optim.SGD(model.parameters(), lr=float(cfg["lr"]))
         loader = DPDataLoader(TensorDataset(x, y), sample_rate=q)  # Poisson sampling, rate q
-        engine = PrivacyEngine(accountant="rdp")
-        model, optimizer, loader = engine.make_private(
-            module=model,
-            optimizer=optimizer,
-            data_loader=loader,
+        model, optimizer, criterion, loader = make_private(
+            model,
+            optimizer,
+            loader,
+            mode=mode,
             noise_multiplier=float(cfg["noise-multiplier"]),
-            max_grad_norm=float(cfg["clip-norm"]),
-            poisson_sampling=False,  # the loader is already Opacus's Poisson DPDataLoader
+            clip_norm=float(cfg["clip-norm"]),
         )
         # Opacus divides the noised sum by int(q * |D_i|); the workload by q * |D_i|.
+        # (DPOptimizer.scale_grad reads it at each step, in both modes: the ghost-mode
+        # DPOptimizerFastGradientClipping inherits scale_grad.)
         optimizer.expected_batch_size = q * n
         model.train()
         batches = iter(loader)
@@ -228,18 +348,19 @@ def _make_client_app() -> Any:
                 xb, yb = next(batches)
             samples += int(xb.shape[0])
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xb), yb)  # "mean", Opacus's default reduction
+            # "mean", Opacus's default reduction. In ghost mode `criterion` is Opacus's
+            # DPLossFastGradientClipping: its loss's backward() runs both backward passes.
+            loss = criterion(model(xb), yb)
             loss.backward()
             optimizer.step()
         state = {k: v.detach() for k, v in model._module.state_dict().items()}
-        content = RecordDict(
-            {
-                "arrays": ArrayRecord(state),
-                "metrics": MetricRecord(
-                    {"num-examples": n, "samples": samples, "actor-max-rss-kib": _max_rss_kib()}
-                ),
-            }
-        )
+        metrics = {
+            "num-examples": n,
+            "samples": samples,
+            "actor-max-rss-kib": _max_rss_kib(),
+            "actor-allocator-ok": int(allocator_env_ok(str(cfg["allocator"]))),
+        }
+        content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 
     return app
@@ -263,6 +384,7 @@ def _make_cohort_fedavg() -> Any:
             self.round_samples: list[int] = []
             self.round_clients: list[int] = []
             self.actor_max_rss_kib = 0
+            self.allocator_checks: list[int] = []  # one per trained client: 1 = as asked
 
         def configure_train(
             self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -283,6 +405,7 @@ def _make_cohort_fedavg() -> Any:
                 [self.actor_max_rss_kib]
                 + [int(m.content["metrics"]["actor-max-rss-kib"]) for m in ok]
             )
+            self.allocator_checks += [int(m.content["metrics"]["actor-allocator-ok"]) for m in ok]
             self.round_ends.append(time.perf_counter())
             return out
 
@@ -292,7 +415,9 @@ def _make_cohort_fedavg() -> Any:
 RESULT: dict[str, Any] = {}  # filled by the ServerApp thread (same process as the driver)
 
 
-def _make_server_app(export: str, rounds: int, t_launch: float) -> Any:
+def _make_server_app(
+    export: str, rounds: int, t_launch: float, grad_sample_mode: str, allocator: str
+) -> Any:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.serverapp import Grid, ServerApp
 
@@ -329,6 +454,8 @@ def _make_server_app(export: str, rounds: int, t_launch: float) -> Any:
                 "clip-norm": float(meta["clip_norm"]),
                 "noise-multiplier": float(meta["noise_multiplier"]),
                 "local-steps": int(meta["local_steps"]),
+                "grad-sample-mode": grad_sample_mode,
+                "allocator": allocator,
             }
         )
         result = strategy.start(
@@ -339,21 +466,14 @@ def _make_server_app(export: str, rounds: int, t_launch: float) -> Any:
         )
         t_done = time.perf_counter()
         # Central evaluation of the final global model, outside the round times.
-        model = wl.build_model()
-        model.load_state_dict(result.arrays.to_torch_state_dict())
-        model.eval()
-        with torch.no_grad():
-            correct = sum(
-                int((model(wl.x_test[i : i + 2048]).argmax(1) == wl.y_test[i : i + 2048]).sum())
-                for i in range(0, wl.x_test.shape[0], 2048)
-            )
+        accuracy = evaluate_accuracy(wl, result.arrays.to_torch_state_dict())
         starts, ends = strategy.round_starts, strategy.round_ends
         RESULT.update(
             round_seconds=[b - a for a, b in itertools.pairwise(starts)] + [ends[-1] - starts[-1]],
             round_seconds_server=[e - s for s, e in zip(starts, ends, strict=True)],
             round_clients=strategy.round_clients,
             round_samples=strategy.round_samples,
-            test_accuracy=correct / wl.x_test.shape[0],
+            test_accuracy=accuracy,
             evaluation_seconds=time.perf_counter() - t_done,
             startup={
                 "launch_to_serverapp_seconds": t_main - t_launch,
@@ -362,6 +482,7 @@ def _make_server_app(export: str, rounds: int, t_launch: float) -> Any:
             },
             t_rounds_done=t_done,
             actor_max_rss_mib=strategy.actor_max_rss_kib / 1024,
+            allocator_checks=strategy.allocator_checks,
         )
 
     return app
@@ -396,7 +517,16 @@ def _machine() -> dict[str, Any]:
     return {"nproc": nproc, "cpu_model": cpu, "platform": platform.platform()}
 
 
-def run(export: str, rounds: int | None, cpus: int) -> dict[str, Any]:
+RUNNERS = {"hooks": "flower_opacus", "ghost": "flower_opacus_ghost"}
+
+
+def run(
+    export: str,
+    rounds: int | None,
+    cpus: int,
+    grad_sample_mode: str = "hooks",
+    allocator: str = "tuned",
+) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     # The driver's own module (not __main__) holds the apps, so Ray pickles them by
@@ -420,17 +550,21 @@ def run(export: str, rounds: int | None, cpus: int) -> dict[str, Any]:
 
     pythonpath = os.pathsep.join([*sys.path, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     os.environ["PYTHONPATH"] = pythonpath
+    env_vars = {"PYTHONPATH": pythonpath}
+    if allocator == "tuned":  # the actors' environment at their start (what glibc reads)
+        env_vars.update(ALLOCATOR_ENV)
+    driver_allocator_ok = allocator_env_ok(allocator)
     t_ray = time.perf_counter()
     ray.init(
         num_cpus=cpus,
         num_gpus=0,
         include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+        runtime_env={"env_vars": env_vars},
     )
     ray_init_seconds = time.perf_counter() - t_ray
     t_launch = time.perf_counter()
     run_simulation(
-        server_app=mod._make_server_app(export, rounds, t_launch),
+        server_app=mod._make_server_app(export, rounds, t_launch, grad_sample_mode, allocator),
         client_app=mod._make_client_app(),
         num_supernodes=meta["num_clients"],
         backend_config=backend_config,
@@ -451,8 +585,9 @@ def run(export: str, rounds: int | None, cpus: int) -> dict[str, Any]:
     res["startup"]["ray_init_seconds"] = ray_init_seconds
     if ray.is_initialized():
         ray.shutdown()
+    checks = res["allocator_checks"]
     return {
-        "runner": "flower_opacus",
+        "runner": RUNNERS[grad_sample_mode],
         "workload": meta["workload"],
         "export": export,
         "rounds": rounds,
@@ -490,6 +625,16 @@ def run(export: str, rounds: int | None, cpus: int) -> dict[str, Any]:
             "the ServerApp and one copy of the export; each of the --cpus ClientApp actors "
             "holds one copy of the export",
         },
+        "grad_sample_mode": grad_sample_mode,
+        "allocator": {
+            "mode": allocator,
+            "env": dict(ALLOCATOR_ENV) if allocator == "tuned" else {},
+            "driver_env_ok": driver_allocator_ok,
+            "actor_env_ok": bool(checks) and all(checks),
+            "clients_checked": len(checks),
+            "note": "ok: the process started with the MALLOC_* variables (tuned) or "
+            "without them (default); checked in the driver and in every client's actor",
+        },
         "round_seconds": secs,
         "round_seconds_server": res["round_seconds_server"],
         "round_clients": res["round_clients"],
@@ -501,25 +646,56 @@ def run(export: str, rounds: int | None, cpus: int) -> dict[str, Any]:
     }
 
 
+def result_stem(runner: str) -> str:
+    """The results file's stem for a runner: "flower_opacus_ghost" -> "flower_opacus-ghost"."""
+    return runner.replace("_ghost", "-ghost")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("export", help="the .npz written by export_workload.py")
     parser.add_argument("--rounds", type=int, default=None, help="default: the workload's")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs given to Flower's Ray")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--grad-sample-mode",
+        choices=GRAD_SAMPLE_MODES,
+        default="hooks",
+        help="Opacus make_private's grad_sample_mode: hooks (per-sample gradients) or "
+        "ghost (fast gradient / ghost clipping)",
+    )
+    parser.add_argument(
+        "--allocator",
+        choices=ALLOCATOR_MODES,
+        default="tuned",
+        help="tuned: every process gets raydpfl's glibc malloc thresholds "
+        f"({', '.join(f'{k}={v}' for k, v in ALLOCATOR_ENV.items())}); default: glibc's",
+    )
     args = parser.parse_args()
+    reexec_for_allocator(args.allocator)  # returns only once the environment is right
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
-    out = run(str(Path(args.export).resolve()), args.rounds, args.cpus)
+    out = run(
+        str(Path(args.export).resolve()),
+        args.rounds,
+        args.cpus,
+        args.grad_sample_mode,
+        args.allocator,
+    )
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out["utc"] = stamp
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / f"flower_opacus-{out['workload']}-{stamp}.json"
+    path = args.out_dir / f"{result_stem(out['runner'])}-{out['workload']}-{stamp}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
 
     fig = out["figures"]
+    alloc = out["allocator"]
     print()
     print(f"Flower+Opacus on {out['workload']}: {out['rounds']} rounds, {out['thread_layout']}")
+    print(
+        f"  grad_sample_mode {out['grad_sample_mode']}; allocator {alloc['mode']} "
+        f"(driver ok: {alloc['driver_env_ok']}, actors ok: {alloc['actor_env_ok']})"
+    )
     print("  rounds (s): " + " ".join(f"{s:.2f}" for s in out["round_seconds"]))
     rows = [
         ("s/round (median, rounds 2..R)", f"{fig['seconds_per_round']:.2f}"),

@@ -487,6 +487,9 @@ class PrivacyConfig:
     sampling_rate: float = 0.05  # q, Poisson
     # DP noise and Poisson sampling from os.urandom (not reproducible; README: secure noise)
     secure_noise: bool = False
+    # The DP-SGD Gaussian sampler of a client's seeded stream: torch's generator, or the
+    # faster numba ziggurat (CPU only; its own stream: raydpfl/privacy/ziggurat.py)
+    noise_sampler: Literal["torch", "ziggurat"] = "torch"
 
     def __post_init__(self) -> None:
         _check(self.epsilon > 0, "epsilon", f"must be > 0, got {self.epsilon}")
@@ -501,6 +504,16 @@ class PrivacyConfig:
             0 < self.sampling_rate <= 1,
             "sampling_rate",
             f"must be in (0, 1], got {self.sampling_rate}",
+        )
+        _check(
+            self.noise_sampler in ("torch", "ziggurat"),
+            "noise_sampler",
+            f"must be torch or ziggurat, got {self.noise_sampler!r}",
+        )
+        _check(
+            not (self.secure_noise and self.noise_sampler != "torch"),
+            "noise_sampler",
+            "secure_noise draws its noise from os.urandom; leave noise_sampler at torch",
         )
 
 

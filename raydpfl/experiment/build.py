@@ -122,7 +122,15 @@ def build_experiment(
         algorithm, ledger, privacy = build_registered_algorithm(config, dataset, net)
     else:
         ledger, privacy = ledger_for(algorithm, config.experiment.privacy, sizes)
-    apply_noise_mode(algorithm, privacy, config.experiment.privacy.secure_noise)
+    noise = config.experiment.privacy
+    if noise.noise_sampler == "ziggurat" and (
+        rt.device == "cuda" or (rt.device == "auto" and torch.cuda.is_available())
+    ):
+        raise ConfigError(
+            "experiment.privacy.noise_sampler",
+            f"ziggurat samples on the CPU; runtime.device is {rt.device!r} (use cpu, or torch)",
+        )
+    apply_noise_mode(algorithm, privacy, noise.secure_noise, noise.noise_sampler)
     metadata["privacy"] = privacy
     extra = []
     if exp.data.client_test_fraction > 0 and exp.algorithm.evaluate_clients:

@@ -43,13 +43,27 @@ SECURE_NOISE_SOURCE = (
 )
 
 
-def apply_noise_mode(algorithm: Any, privacy_meta: dict[str, Any], secure: bool) -> None:
+#: The summary's ``noise_source`` under ``privacy.noise_sampler: ziggurat``.
+ZIGGURAT_NOISE_SOURCE = (
+    "research mode, ziggurat sampler: the Gaussian noise drawn through raydpfl.privacy.dpsgd "
+    "from a client's seeded stream comes from a 256-layer ziggurat over xoshiro256++ seeded "
+    "by one draw of that stream per noise tensor (raydpfl/privacy/ziggurat.py); everything "
+    "else from the seeded PyTorch PRNG (reproducible; not floating-point secure)"
+)
+
+
+def apply_noise_mode(
+    algorithm: Any, privacy_meta: dict[str, Any], secure: bool, sampler: str = "torch"
+) -> None:
     """Sets the run's noise source: on the algorithm, which every worker process receives
-    (`ClientWorker` reads ``algorithm.secure_noise``), and in the summary's privacy
-    statement, so that it says which source was used."""
+    (`ClientWorker` reads ``algorithm.secure_noise`` and ``algorithm.noise_sampler``), and
+    in the summary's privacy statement, so that it says which source was used."""
     algorithm.secure_noise = bool(secure)
+    algorithm.noise_sampler = sampler
     if secure:
         privacy_meta["noise_source"] = SECURE_NOISE_SOURCE
+    elif sampler == "ziggurat":
+        privacy_meta["noise_source"] = ZIGGURAT_NOISE_SOURCE
 
 
 def privacy_metadata(privacy: PrivacyConfig) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from raydpfl.privacy import secure_noise
+from raydpfl.privacy import secure_noise, ziggurat
 
 Params = dict[str, torch.Tensor]
 
@@ -128,6 +128,8 @@ def standard_normal_like(t: torch.Tensor, generator: torch.Generator) -> torch.T
     instead (secure-noise mode)."""
     if secure_noise.is_secure(generator):
         return secure_noise.gaussian(t.shape, 1.0, t.dtype, t.device)
+    if ziggurat.is_ziggurat(generator):
+        return ziggurat.normal(t.shape, 1.0, generator, t.dtype)
     return torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
 
 
@@ -137,7 +139,9 @@ def gaussian_like(t: torch.Tensor, std: float, generator: torch.Generator) -> to
     The same draws as ``std * standard_normal_like(t, generator)`` (torch scales inside
     its Gaussian kernel, so the product costs no pass of its own) and the generator
     ends in the same state (tested). Secure-noise mode: see `fill_gaussian_`."""
-    return fill_gaussian_(torch.empty_like(t, memory_format=torch.contiguous_format), std, generator)
+    return fill_gaussian_(
+        torch.empty_like(t, memory_format=torch.contiguous_format), std, generator
+    )
 
 
 def fill_gaussian_(out: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
@@ -146,6 +150,8 @@ def fill_gaussian_(out: torch.Tensor, std: float, generator: torch.Generator) ->
     the sum of 4 draws, scaled in float64; `raydpfl.privacy.secure_noise`)."""
     if secure_noise.is_secure(generator):
         return out.copy_(secure_noise.gaussian(out.shape, std, out.dtype, out.device))
+    if ziggurat.is_ziggurat(generator):  # privacy.noise_sampler: ziggurat (one stream draw)
+        return ziggurat.fill_normal_(out, std, generator)
     return out.normal_(0.0, std, generator=generator)
 
 

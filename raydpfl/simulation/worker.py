@@ -31,8 +31,9 @@ from raydpfl.models import assert_dp_compatible, build_model
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.engines import make_engine
 from raydpfl.privacy.secure_noise import SecureGenerator
+from raydpfl.privacy.ziggurat import ZigguratGenerator
 from raydpfl.simulation.evaluation import EvalResult, evaluate, evaluation_params
-from raydpfl.simulation.seeding import torch_generator
+from raydpfl.simulation.seeding import derive_seed, torch_generator
 
 Params = dict[str, torch.Tensor]
 
@@ -145,6 +146,7 @@ class ClientWorker:
         self.vectorise = vectorise
         self.run_seed = run_seed
         self.secure_noise = bool(getattr(algorithm, "secure_noise", False))
+        self.noise_sampler = str(getattr(algorithm, "noise_sampler", "torch"))
         self.device = resolve_device(device)
         self.model = model_spec.build().to(self.device)
         self.model.requires_grad_(False)  # used functionally; its own tensors are never trained
@@ -161,6 +163,10 @@ class ClientWorker:
         (DP noise and Poisson samples from os.urandom; not reproducible, by design)."""
         if self.secure_noise:
             return SecureGenerator(device=self.device)
+        if self.noise_sampler == "ziggurat":  # the same seed; Gaussians by the ziggurat
+            gen = ZigguratGenerator(device=self.device)
+            gen.manual_seed(derive_seed(self.run_seed, task.round_idx, task.client_id, task.kind))
+            return gen
         return torch_generator(
             self.run_seed, task.round_idx, task.client_id, task.kind, device=self.device
         )

@@ -4,6 +4,7 @@ model (up to float summation order), and the multi-process split is the Ray pool
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from pathlib import Path
@@ -76,3 +77,37 @@ def test_worker_split_is_the_ray_pools_split(seed):
     ray_split = [sorted(t.client_id for g in b for t in grouped[g]) for b in bins]
     ours = _floors.worker_split(sizes.tolist(), q, tau, groups, workers)
     assert [list(part) for part in ours] == ray_split
+
+
+@pytest.mark.parametrize("sampler", ["torch", "ziggurat"])
+def test_the_per_sample_floor_replays_raydpfls_batches_and_noise(sampler, tmp_path):
+    """Same batches, same noise (either sampler): the per-sample floor ends where raydpfl
+    ends, up to float summation order, and a wrong replay would not."""
+    from raydpfl.experiment.build import run_experiment
+
+    torch.set_num_threads(1)
+    cfg = small_config(
+        experiment__data={"dataset": "digits", "num_clients": 20, "partition": {"kind": "iid"}},
+        experiment__model={"name": "mlp"},
+        experiment__algorithm__clients_per_round=6,
+        experiment__algorithm__rounds=2,
+        experiment__algorithm__eval_every=1,
+        experiment__privacy={"noise_sampler": sampler},
+        runtime__aggregation_groups=4,
+    )
+    plan = _floors.record_batches(build_experiment(cfg), 2, workers=2)
+    assert plan.noise_sampler == sampler
+    floor = _floors.run_per_sample(plan)
+    ours = run_experiment(build_experiment(cfg), tmp_path)
+    model = torch.load(tmp_path / "model.pt")
+    for name, t in floor.final_params.items():
+        torch.testing.assert_close(model[name], t, rtol=1e-4, atol=1e-5)
+    assert ours["final_test_accuracy"] == pytest.approx(floor.test_accuracy, abs=1.5 / 360)
+    # the other sampler's noise gives another model
+    other = "torch" if sampler == "ziggurat" else "ziggurat"
+    wrong = _floors.run_per_sample(dataclasses.replace(plan, noise_sampler=other))
+    moved = sum(
+        float((wrong.final_params[n] - floor.final_params[n]).abs().max())
+        for n in floor.final_params
+    )
+    assert moved > 1e-3

@@ -39,7 +39,10 @@ def loopback_only() -> Iterator[None]:
     from ray._private import ray_constants
 
     if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
-        log.warning("raydpfl: this Ray has no ENABLE_RAY_CLUSTER; the local instance may listen on the network")
+        log.warning(
+            "raydpfl: this Ray has no ENABLE_RAY_CLUSTER; "
+            "the local instance may listen on the network"
+        )
         yield
         return
     previous = ray_constants.ENABLE_RAY_CLUSTER
