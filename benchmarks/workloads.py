@@ -90,7 +90,8 @@ RAYDPFL = ("raydpfl_local", "raydpfl_ray")
 #: Runners each workload runs by default (peers are added where their environment
 #: exists). W1/W2 are one client after another: the client-vectorised floor is W3's
 #: (its stacked 582k-parameter copies would not pay on W1/W2). W3's Flower peer spends
-#: minutes starting 10,000 SuperNodes; it runs with `--runners` only.
+#: minutes starting 10,000 SuperNodes, so it runs in Opacus' faster mode there only
+#: (hooks: ghost clipping was 1.7x slower on W3's conv-heavy model, peers/README.md).
 DEFAULT_RUNNERS = {
     "w1": (
         "raydpfl_local",
@@ -117,6 +118,7 @@ DEFAULT_RUNNERS = {
         "floor_per_sample",
         "opacus_alone",
         "opacus_alone_ghost",
+        "flower_opacus",
     ),
 }
 RESULTS_DIR = ROOT / "benchmarks" / "results"
