@@ -1,30 +1,38 @@
-"""Workload benchmarks W1–W3: raydpfl (local and Ray backends) against both floors.
+"""Workload benchmarks W1–W3: raydpfl (local and Ray backends) against like-for-like
+floors and the best-configured peers.
 
 W1 and W2 (shared/workloads.md; configs/w1.yaml, configs/w2.yaml) are DP-FedAvg on
 Fashion-MNIST with FedAvgCNN and τ = 5 DP-SGD steps per client: W1 has 100 clients,
 20 per round, 20 rounds; W2 has 1,000 clients, 100 per round, 5 rounds. W3
 (configs/w3.yaml) has 10,000 clients of ~6 records, 1,000 per round, one full-batch
-step each (q = 1, τ = 1) with the 4,266-parameter MNIST CNN, 5 rounds. Four runners
-do exactly the same work (same cohorts, same Poisson batches, same model and
-initialisation), each in its own subprocess, whose whole process tree is sampled for
-memory and CPU time (`_proctree.py`):
+step each (q = 1, τ = 1) with the 4,266-parameter MNIST CNN, 5 rounds. The raydpfl
+runners and the floors do exactly the same work (same cohorts, same Poisson batches,
+same noise where private, same model and initialisation), each in its own subprocess,
+whose whole process tree is sampled for memory and CPU time (`_proctree.py`). Every
+process runs one torch thread by default (`--threads 1`):
 
-- raydpfl_local:     the simulator, local backend: 1 process × T torch threads.
-- raydpfl_ray:       the simulator, Ray backend: W worker actors × 1 torch thread, a
-                     server actor (1 thread) and an idle driver; Ray startup timed apart.
-- floor_nonprivate:  plain forward + backward + SGD on the same batches (`_floors.py`).
-- floor_per_sample:  vmap-of-grad DP-SGD on the same batches and noise (`_floors.py`).
-- flower_opacus:     the peer, Flower's simulation with Opacus clients
-                     (`peers/flower_opacus.py`) in its own virtual environment, on the
-                     same clients, cohorts, initial model and hyperparameters but
-                     Opacus's own Poisson batches. Runs when that environment exists
-                     (`bash benchmarks/peers/setup_env.sh`); otherwise it is skipped,
-                     saying so, and the per-sample floor stands in for it.
+- raydpfl_local:          the simulator, local backend: 1 process × T torch threads.
+- raydpfl_ray:            the simulator, Ray backend: W worker actors × 1 thread, a
+                          server actor and an idle driver; Ray startup timed apart.
+- floor_nonprivate:       plain forward + backward + SGD on the same batches, 1 process.
+- floor_nonprivate_pool:  the same in W one-thread processes, each training the clients
+                          the Ray pool's matching worker trains (the like-for-like floor
+                          of raydpfl_ray).
+- floor_vectorised_pool:  the same steps vectorised over clients (W3's floor).
+- floor_per_sample:       vmap-of-grad DP-SGD on the same batches and noise.
+- flower_opacus[_ghost]:  the peer, Flower's simulation with Opacus clients in Opacus'
+                          hooks or ghost-clipping mode (`peers/flower_opacus.py`).
+- opacus_alone[_ghost]:   Opacus without a framework, 1 process (`peers/opacus_alone.py`).
+The peers run in their own virtual environment (`bash benchmarks/peers/setup_env.sh`)
+with raydpfl's allocator settings, on the same clients, cohorts, initial model and
+hyperparameters but Opacus' own Poisson batches; without the environment they are
+skipped, saying so.
 
 Usage (from the repository root):
 
-    python benchmarks/workloads.py [--workload w1 w2] [--rounds R] [--threads T]
+    python benchmarks/workloads.py [--workload w1 w2 w3] [--rounds R] [--threads T]
                                    [--ray-workers W] [--repeats K] [--runners a,b,...]
+                                   [--no-peers] [--noise-sampler torch|ziggurat]
 
 Prints a report per workload and writes benchmarks/results/<workload>-<UTC>.json and
 .txt. See README.md.
