@@ -243,14 +243,19 @@ def _run_rounds(
     return _rounds_in_workers(plan, model, factory, processes, on_round)
 
 
-def _rounds_in_process(
-    plan: BatchPlan, model: nn.Module, partial: PartialTrainer, on_round: OnRound | None
+# One round's weighted sum: (0-based round, global params) -> (Σ |D_i|·local_i, Σ |D_i|).
+RoundSum = Callable[[int, Params], tuple[Params, int]]
+
+
+def _fedavg_rounds(
+    plan: BatchPlan, model: nn.Module, round_sum: RoundSum, on_round: OnRound | None
 ) -> FloorResult:
+    """The timed round loop both layouts share: sum, divide, evaluate when raydpfl does."""
     global_params = {n: t.clone() for n, t in plan.init_params.items()}
     seconds, accuracy = [], float("nan")
-    for r, clients in enumerate(plan.rounds):
+    for r in range(len(plan.rounds)):
         t0 = time.perf_counter()
-        total, weight = partial(global_params, clients)
+        total, weight = round_sum(r, global_params)
         global_params = {n: t.div_(weight) for n, t in total.items()}
         if plan.evaluates_after(r):
             accuracy = _accuracy(model, global_params, plan.x_test, plan.y_test)
@@ -258,6 +263,12 @@ def _rounds_in_process(
         if on_round is not None:
             on_round(r, seconds[-1])
     return FloorResult(seconds, accuracy, global_params)
+
+
+def _rounds_in_process(
+    plan: BatchPlan, model: nn.Module, partial: PartialTrainer, on_round: OnRound | None
+) -> FloorResult:
+    return _fedavg_rounds(plan, model, lambda r, g: partial(g, plan.rounds[r]), on_round)
 
 
 def _worker_main(plan: BatchPlan, factory: TrainerFactory, index: int, conn: Connection) -> None:
@@ -299,27 +310,22 @@ def _rounds_in_workers(
         procs.append(proc)
     # The server side evaluates with the cores, idle while it does (Ray's server actor).
     torch.set_num_threads(processes)
-    global_params = {n: t.clone() for n, t in plan.init_params.items()}
-    seconds, accuracy = [], float("nan")
+
+    def round_sum(r: int, global_params: Params) -> tuple[Params, int]:
+        arrays = {n: t.numpy() for n, t in global_params.items()}
+        for conn in conns:
+            conn.send((r, arrays))
+        total = {n: torch.zeros_like(t) for n, t in global_params.items()}
+        weight = 0
+        for conn in conns:  # worker order: a fixed summation order
+            part, w = conn.recv()
+            for n, a in part.items():
+                total[n].add_(torch.from_numpy(a))
+            weight += w
+        return total, weight
+
     try:
-        for r in range(len(plan.rounds)):
-            t0 = time.perf_counter()
-            arrays = {n: t.numpy() for n, t in global_params.items()}
-            for conn in conns:
-                conn.send((r, arrays))
-            total = {n: torch.zeros_like(t) for n, t in global_params.items()}
-            weight = 0
-            for conn in conns:  # worker order: a fixed summation order
-                part, w = conn.recv()
-                for n, a in part.items():
-                    total[n].add_(torch.from_numpy(a))
-                weight += w
-            global_params = {n: t.div_(weight) for n, t in total.items()}
-            if plan.evaluates_after(r):
-                accuracy = _accuracy(model, global_params, plan.x_test, plan.y_test)
-            seconds.append(time.perf_counter() - t0)
-            if on_round is not None:
-                on_round(r, seconds[-1])
+        result = _fedavg_rounds(plan, model, round_sum, on_round)
     finally:
         for conn in conns:
             with contextlib.suppress(BrokenPipeError, OSError):
@@ -330,7 +336,7 @@ def _rounds_in_workers(
                 proc.terminate()
     if any(proc.exitcode not in (0, None) for proc in procs):
         raise RuntimeError(f"a floor worker failed: exit codes {[p.exitcode for p in procs]}")
-    return FloorResult(seconds, accuracy, global_params)
+    return result
 
 
 @torch.no_grad()

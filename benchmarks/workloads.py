@@ -76,8 +76,6 @@ RUNNERS = (
     "floor_vectorised_pool",
     "floor_per_sample",
 )
-#: The floors (plain PyTorch over raydpfl's recorded batches, `_floors.py`).
-FLOORS = ("floor_nonprivate", "floor_nonprivate_pool", "floor_vectorised_pool", "floor_per_sample")
 #: Floors that run in the Ray pool's layout: W one-thread processes, Ray's client split.
 POOL_FLOORS = ("floor_nonprivate_pool", "floor_vectorised_pool")
 #: The peers, each run where its virtual environment exists (see `peer_python`):
@@ -100,23 +98,16 @@ RAYDPFL = ("raydpfl_local", "raydpfl_ray")
 #: (its stacked 582k-parameter copies would not pay on W1/W2). W3's Flower peer spends
 #: minutes starting 10,000 SuperNodes, so it runs in Opacus' faster mode there only
 #: (hooks: ghost clipping was 1.7x slower on W3's conv-heavy model, peers/README.md).
+_ONE_CLIENT_AT_A_TIME = (
+    "raydpfl_local",
+    "raydpfl_ray",
+    "floor_nonprivate",
+    "floor_nonprivate_pool",
+    "floor_per_sample",
+)
 DEFAULT_RUNNERS = {
-    "w1": (
-        "raydpfl_local",
-        "raydpfl_ray",
-        "floor_nonprivate",
-        "floor_nonprivate_pool",
-        "floor_per_sample",
-        *PEERS,
-    ),
-    "w2": (
-        "raydpfl_local",
-        "raydpfl_ray",
-        "floor_nonprivate",
-        "floor_nonprivate_pool",
-        "floor_per_sample",
-        *PEERS,
-    ),
+    "w1": (*_ONE_CLIENT_AT_A_TIME, *PEERS),
+    "w2": (*_ONE_CLIENT_AT_A_TIME, *PEERS),
     "w3": (
         "raydpfl_local",
         "raydpfl_ray",
@@ -305,7 +296,8 @@ def run_child(
             done = f"{round_idx + 1}/{total_rounds}"
             print(f"  [{runner}] round {done}: {seconds:.2f} s", flush=True)
 
-        # One thread in the pre-pass: the pool floors fork their workers after it.
+        # One thread in the pre-pass: the pool floors fork their workers after it (and
+        # set their own threads); the one-process floors keep `threads`.
         torch.set_num_threads(1 if runner in POOL_FLOORS else threads)
         plan = _floors.record_batches(exp, total_rounds, workers=ray_workers)  # untimed
         floor = {
@@ -315,8 +307,6 @@ def run_child(
             "floor_per_sample": _floors.run_per_sample,
         }[runner]
         processes = ray_workers if runner in POOL_FLOORS else 1
-        if processes == 1:
-            torch.set_num_threads(threads)
         result = floor(plan, progress, processes=processes)
         out = {
             "round_seconds": result.round_seconds,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from raydpfl.algorithms.base import ClientTask
 from raydpfl.config import Config, config_from_dict
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -50,6 +51,20 @@ def small_config(**sections) -> Config:
         "runtime": {"backend": "local", "seed": 0, "progress": False},
     }
     return config_from_dict(override(raw, **sections))
+
+
+def dp_task() -> ClientTask:
+    """Client 0's round-0 DP-SGD task for `small_config`'s data: 2 steps, q = 0.1, C = 1,
+    σ = 1 (what a worker runs when it is asked to train that client)."""
+    return ClientTask(
+        client_id=0,
+        round_idx=0,
+        local_steps=2,
+        lr=0.5,
+        sampling_rate=0.1,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+    )
 
 
 def override(raw: dict, **sections) -> dict:

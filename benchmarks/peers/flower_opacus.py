@@ -288,6 +288,38 @@ def make_private(
     return model, optimizer, criterion, loader
 
 
+def quiet_opacus() -> None:
+    """Silences Opacus's known, harmless per-step notices (inputs need no grad; an empty
+    first Poisson batch), so that log shipping does not cost the driver CPU."""
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    warnings.filterwarnings("ignore", message="Secure RNG turned off")
+    logging.getLogger("opacus.data_loader").setLevel(logging.ERROR)
+
+
+def run_local_steps(
+    model: nn.Module, optimizer: Any, criterion: Any, loader: Any, steps: int
+) -> int:
+    """Exactly `steps` DP-SGD steps, one per Poisson batch of `loader` (a new pass when
+    it ends: never for tau <= 1/q; q = 1 is one full batch per pass); returns the records
+    sampled. The loss is cross entropy, "mean" (Opacus's default reduction); in ghost mode
+    `criterion` is Opacus's DPLossFastGradientClipping, whose loss's backward() runs both
+    backward passes."""
+    batches = iter(loader)
+    samples = 0
+    for _ in range(steps):
+        try:
+            xb, yb = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            xb, yb = next(batches)
+        samples += int(xb.shape[0])
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+    return samples
+
+
 # ---- ClientApp ---------------------------------------------------------------------------
 def _make_client_app() -> Any:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -307,11 +339,7 @@ def _make_client_app() -> Any:
         from torch.utils.data import TensorDataset
 
         torch.set_num_threads(1)
-        # Known, harmless per-step notices (inputs need no grad; Opacus's empty first
-        # Poisson batch): silenced so the log shipping does not cost the driver CPU.
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        warnings.filterwarnings("ignore", message="Secure RNG turned off")
-        logging.getLogger("opacus.data_loader").setLevel(logging.ERROR)
+        quiet_opacus()
         cfg = msg.content["config"]
         wl = load_workload(str(cfg["export"]))
         cid = int(context.node_config["partition-id"])
@@ -337,22 +365,7 @@ def _make_client_app() -> Any:
         # DPOptimizerFastGradientClipping inherits scale_grad.)
         optimizer.expected_batch_size = q * n
         model.train()
-        batches = iter(loader)
-        steps = int(cfg["local-steps"])
-        samples = 0
-        for _ in range(steps):
-            try:
-                xb, yb = next(batches)
-            except StopIteration:  # never for tau <= 1/q (q = 1: one full batch per pass)
-                batches = iter(loader)
-                xb, yb = next(batches)
-            samples += int(xb.shape[0])
-            optimizer.zero_grad(set_to_none=True)
-            # "mean", Opacus's default reduction. In ghost mode `criterion` is Opacus's
-            # DPLossFastGradientClipping: its loss's backward() runs both backward passes.
-            loss = criterion(model(xb), yb)
-            loss.backward()
-            optimizer.step()
+        samples = run_local_steps(model, optimizer, criterion, loader, int(cfg["local-steps"]))
         state = {k: v.detach() for k, v in model._module.state_dict().items()}
         metrics = {
             "num-examples": n,
@@ -651,11 +664,22 @@ def result_stem(runner: str) -> str:
     return runner.replace("_ghost", "-ghost")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def write_result(out: dict[str, Any], out_dir: Path) -> Path:
+    """Stamps `out` with the UTC time and writes it as the run's one JSON file,
+    `<runner stem>-<workload>-<UTC>.json` in `out_dir`; returns its path."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out["utc"] = stamp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{result_stem(out['runner'])}-{out['workload']}-{stamp}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return path
+
+
+def add_peer_options(parser: argparse.ArgumentParser, allocator_help: str) -> None:
+    """The options both peers take: the export, --rounds, --out-dir, --grad-sample-mode
+    and --allocator (`allocator_help` says which processes get the settings)."""
     parser.add_argument("export", help="the .npz written by export_workload.py")
     parser.add_argument("--rounds", type=int, default=None, help="default: the workload's")
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs given to Flower's Ray")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument(
         "--grad-sample-mode",
@@ -668,9 +692,15 @@ def main() -> None:
         "--allocator",
         choices=ALLOCATOR_MODES,
         default="tuned",
-        help="tuned: every process gets raydpfl's glibc malloc thresholds "
+        help=f"tuned: {allocator_help} raydpfl's glibc malloc thresholds "
         f"({', '.join(f'{k}={v}' for k, v in ALLOCATOR_ENV.items())}); default: glibc's",
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_peer_options(parser, "every process gets")
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs given to Flower's Ray")
     args = parser.parse_args()
     reexec_for_allocator(args.allocator)  # returns only once the environment is right
     logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -682,11 +712,7 @@ def main() -> None:
         args.grad_sample_mode,
         args.allocator,
     )
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out["utc"] = stamp
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / f"{result_stem(out['runner'])}-{out['workload']}-{stamp}.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    path = write_result(out, args.out_dir)
 
     fig = out["figures"]
     alloc = out["allocator"]

@@ -60,14 +60,11 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import logging
 import platform
 import resource
 import statistics
 import sys
 import time
-import warnings
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +76,6 @@ from torch.utils.data import TensorDataset
 
 RUNNERS = {"hooks": "opacus_alone", "ghost": "opacus_alone_ghost"}
 THREAD_LAYOUT = "1 process x 1 torch thread, clients one after another"
-
-
-def _quiet_opacus() -> None:
-    """Silences Opacus's known, harmless notices (as flower_opacus's clients do)."""
-    warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    warnings.filterwarnings("ignore", message="Secure RNG turned off")
-    logging.getLogger("opacus.data_loader").setLevel(logging.ERROR)
 
 
 class ReusedClient:
@@ -151,19 +141,9 @@ class ReusedClient:
                 p.copy_(global_state[name])
         self._reset(n, generator)
         loader = DPDataLoader(TensorDataset(x, y), sample_rate=self.q, generator=generator)
-        batches = iter(loader)
-        samples = 0
-        for _ in range(self.steps):
-            try:
-                xb, yb = next(batches)
-            except StopIteration:  # never for tau <= 1/q (q = 1: one full batch per pass)
-                batches = iter(loader)
-                xb, yb = next(batches)
-            samples += int(xb.shape[0])
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.criterion(self.model(xb), yb)  # ghost: both backward passes
-            loss.backward()
-            self.optimizer.step()
+        samples = fo.run_local_steps(
+            self.model, self.optimizer, self.criterion, loader, self.steps
+        )
         return {name: p.detach().clone() for name, p in self.named}, n, samples
 
 
@@ -213,7 +193,7 @@ def run(export: str, rounds: int | None, grad_sample_mode: str, allocator: str) 
     t_start = time.perf_counter()
     load_before = os.getloadavg()
     torch.set_num_threads(1)
-    _quiet_opacus()
+    fo.quiet_opacus()
     wl = fo.load_workload(export)
     meta = wl.meta
     rounds = int(rounds or meta["rounds"])
@@ -316,23 +296,7 @@ def run(export: str, rounds: int | None, grad_sample_mode: str, allocator: str) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("export", help="the .npz written by export_workload.py")
-    parser.add_argument("--rounds", type=int, default=None, help="default: the workload's")
-    parser.add_argument("--out-dir", type=Path, default=fo.RESULTS_DIR)
-    parser.add_argument(
-        "--grad-sample-mode",
-        choices=fo.GRAD_SAMPLE_MODES,
-        default="hooks",
-        help="Opacus make_private's grad_sample_mode: hooks (per-sample gradients) or "
-        "ghost (fast gradient / ghost clipping)",
-    )
-    parser.add_argument(
-        "--allocator",
-        choices=fo.ALLOCATOR_MODES,
-        default="tuned",
-        help="tuned: raydpfl's glibc malloc thresholds "
-        f"({', '.join(f'{k}={v}' for k, v in fo.ALLOCATOR_ENV.items())}); default: glibc's",
-    )
+    fo.add_peer_options(parser, "the process gets")
     parser.add_argument(
         "--check-reuse",
         action="store_true",
@@ -342,7 +306,7 @@ def main() -> None:
     export = str(Path(args.export).resolve())
     if args.check_reuse:
         torch.set_num_threads(1)
-        _quiet_opacus()
+        fo.quiet_opacus()
         res = check_reuse(fo.load_workload(export), args.grad_sample_mode)
         print(json.dumps(res, indent=2))
         if res["max_abs_diff"] != 0.0:
@@ -351,12 +315,7 @@ def main() -> None:
     fo.reexec_for_allocator(args.allocator)  # returns only once the environment is right
 
     out = run(export, args.rounds, args.grad_sample_mode, args.allocator)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out["utc"] = stamp
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out["runner"].replace("_ghost", "-ghost")
-    path = args.out_dir / f"{stem}-{out['workload']}-{stamp}.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    path = fo.write_result(out, args.out_dir)
 
     fig = out["figures"]
     alloc = out["allocator"]

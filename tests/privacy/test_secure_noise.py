@@ -12,7 +12,6 @@ import pickle
 import pytest
 import torch
 
-from raydpfl.algorithms.base import ClientTask
 from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.privacy import secure_noise
 from raydpfl.privacy.dpsgd import (
@@ -26,7 +25,7 @@ from raydpfl.privacy.dpsgd import (
 from raydpfl.privacy.multi_client import MultiClientDPSGD
 from raydpfl.privacy.secure_noise import SecureGenerator
 from raydpfl.simulation.worker import ClientWorker
-from tests.conftest import small_config
+from tests.conftest import dp_task, small_config
 
 N = 100_000
 #: Kolmogorov-Smirnov: P(D_n > c/sqrt(n)) <= 2·exp(−2c²) (Dvoretzky-Kiefer-Wolfowitz,
@@ -127,24 +126,12 @@ def test_the_vectorised_path_draws_secure_noise_too():
     assert abs(float(secure["w"].std()) / 2.0 - 1) < 0.05  # 8,000 draws: sd of ratio ~0.008
 
 
-def _task() -> ClientTask:
-    return ClientTask(
-        client_id=0,
-        round_idx=0,
-        local_steps=2,
-        lr=0.5,
-        sampling_rate=0.1,
-        clip_norm=1.0,
-        noise_multiplier=1.0,
-    )
-
-
 @pytest.mark.parametrize("secure", [False, True])
 def test_a_worker_repeats_a_task_exactly_only_in_research_mode(secure):
     exp = build_experiment(small_config(experiment__privacy={"secure_noise": secure}))
     worker = ClientWorker(exp.algorithm, exp.model_spec, exp.dataset, run_seed=0)
-    a = worker.run_task(exp.init_params, _task()).update
-    b = worker.run_task(exp.init_params, _task()).update
+    a = worker.run_task(exp.init_params, dp_task()).update
+    b = worker.run_task(exp.init_params, dp_task()).update
     same = all(torch.equal(a[k], b[k]) for k in a)
     assert same is not secure
 
@@ -154,10 +141,10 @@ def test_the_mode_travels_with_the_algorithm_to_another_process():
     exp = build_experiment(small_config(experiment__privacy={"secure_noise": True}))
     algorithm = pickle.loads(pickle.dumps(exp.algorithm))
     worker = ClientWorker(algorithm, exp.model_spec, exp.dataset, run_seed=0)
-    assert isinstance(worker._stream(_task()), SecureGenerator)
+    assert isinstance(worker._stream(dp_task()), SecureGenerator)
     plain = build_experiment(small_config())
     worker = ClientWorker(plain.algorithm, plain.model_spec, plain.dataset, run_seed=0)
-    assert not secure_noise.is_secure(worker._stream(_task()))
+    assert not secure_noise.is_secure(worker._stream(dp_task()))
 
 
 def test_a_two_round_run_with_secure_noise_works_and_says_so(tmp_path):

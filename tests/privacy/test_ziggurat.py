@@ -23,7 +23,7 @@ from raydpfl.privacy.dpsgd import fill_gaussian_, gaussian_like, standard_normal
 from raydpfl.privacy.multi_client import MultiClientDPSGD
 from raydpfl.privacy.ziggurat import ZigguratGenerator
 from raydpfl.simulation.worker import ClientWorker
-from tests.conftest import small_config
+from tests.conftest import dp_task, small_config
 
 N = 1_000_000
 ALPHA = 1e-6
@@ -174,36 +174,24 @@ def test_the_vectorised_path_uses_each_clients_ziggurat_stream():
             assert torch.equal(noise[name][i], expected)
 
 
-def _task() -> ClientTask:
-    return ClientTask(
-        client_id=0,
-        round_idx=0,
-        local_steps=2,
-        lr=0.5,
-        sampling_rate=0.1,
-        clip_norm=1.0,
-        noise_multiplier=1.0,
-    )
-
-
 def test_the_option_travels_with_the_algorithm_and_keeps_the_poisson_draws():
     exp = build_experiment(small_config(experiment__privacy={"noise_sampler": "ziggurat"}))
     algorithm = pickle.loads(pickle.dumps(exp.algorithm))  # as Ray ships it
     worker = ClientWorker(algorithm, exp.model_spec, exp.dataset, run_seed=0)
-    assert isinstance(worker._stream(_task()), ZigguratGenerator)
+    assert isinstance(worker._stream(dp_task()), ZigguratGenerator)
     plain = build_experiment(small_config())
     plain_worker = ClientWorker(plain.algorithm, plain.model_spec, plain.dataset, run_seed=0)
     # the same seed: a plain draw from either stream is the same
-    a, b = worker._stream(_task()), plain_worker._stream(_task())
+    a, b = worker._stream(dp_task()), plain_worker._stream(dp_task())
     assert torch.equal(torch.rand(50, generator=a), torch.rand(50, generator=b))
-    zig = worker.run_task(exp.init_params, _task())
-    again = worker.run_task(exp.init_params, _task())
-    torch_run = plain_worker.run_task(plain.init_params, _task())
+    zig = worker.run_task(exp.init_params, dp_task())
+    again = worker.run_task(exp.init_params, dp_task())
+    torch_run = plain_worker.run_task(plain.init_params, dp_task())
     assert all(torch.equal(zig.update[k], again.update[k]) for k in zig.update)
     assert not all(torch.equal(zig.update[k], torch_run.update[k]) for k in zig.update)
     # the first step's Poisson sample comes before any noise: the same batch (later
     # steps differ, as torch's noise advances the stream by one draw per value)
-    one_step = ClientTask(**{**vars(_task()), "local_steps": 1})
+    one_step = ClientTask(**{**vars(dp_task()), "local_steps": 1})
     first = worker.run_task(exp.init_params, one_step).metrics["mean_batch_size"]
     assert first == plain_worker.run_task(plain.init_params, one_step).metrics["mean_batch_size"]
 
