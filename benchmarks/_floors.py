@@ -34,7 +34,8 @@ from torch.func import functional_call, grad, vmap
 
 from raydpfl.algorithms import DPFedAvg
 from raydpfl.experiment.build import Experiment
-from raydpfl.privacy import ziggurat
+from raydpfl.privacy import counter_noise
+from raydpfl.privacy.noise_samplers import seeded_stream
 from raydpfl.simulation.reduction import lpt_bins
 from raydpfl.simulation.seeding import SERVER, numpy_rng, torch_generator
 
@@ -89,8 +90,8 @@ class BatchPlan:
     clip_norm: float
     noise_multiplier: float
     #: raydpfl's Gaussian sampler (``privacy.noise_sampler``): ``torch`` (one randn per
-    #: tensor) or ``ziggurat`` (one seed draw per tensor, `raydpfl.privacy.ziggurat`'s
-    #: documented stream), replayed by the per-sample floor.
+    #: tensor) or ``ziggurat``/``boxmuller`` (one seed draw per tensor, then the sampler's
+    #: documented stream, `raydpfl.privacy.counter_noise`), replayed by the per-sample floor.
     noise_sampler: str = "torch"
 
     def round_samples(self) -> list[int]:
@@ -128,7 +129,8 @@ def record_batches(exp: Experiment, rounds: int, workers: int = 1) -> BatchPlan:
     The replay follows DP-FedAvg's draw order on a client's "train" stream: per step,
     ``torch.rand(|D_i|) < q`` for the Poisson mask, then per parameter tensor in
     ``named_parameters()`` order the noise: one ``torch.randn`` of the tensor's shape, or
-    with ``privacy.noise_sampler: ziggurat`` one seed draw (`ziggurat.draw_seed`).
+    with ``privacy.noise_sampler`` ziggurat or boxmuller one seed draw
+    (`counter_noise.draw_seed`).
     Skipping any draw would shift every later batch, so the batch check in
     `workloads.py` guards this order.
     """
@@ -155,8 +157,8 @@ def record_batches(exp: Experiment, rounds: int, workers: int = 1) -> BatchPlan:
                 positions = torch.rand(rows.numel(), generator=gen) < algo.sampling_rate
                 state = gen.get_state()
                 for shape in shapes:
-                    if sampler == "ziggurat":
-                        ziggurat.draw_seed(gen)
+                    if sampler != "torch":
+                        counter_noise.draw_seed(gen)
                     else:
                         torch.randn(shape, generator=gen)
                 steps.append(Step(rows[positions.nonzero().flatten()], state))
@@ -476,7 +478,7 @@ def _per_sample_trainer(plan: BatchPlan) -> PartialTrainer:
 
     per_sample_grads = vmap(grad(sample_loss), in_dims=(None, 0, 0))
     noise_std = plan.noise_multiplier * plan.clip_norm
-    gen = torch.Generator()
+    gen = seeded_stream(plan.noise_sampler, 0)  # its state is restored at every step
 
     def train_client(global_params: Params, client: ClientRun) -> Params:
         params = {n: t.clone() for n, t in global_params.items()}
@@ -491,8 +493,8 @@ def _per_sample_trainer(plan: BatchPlan) -> PartialTrainer:
                 summed = {n: torch.zeros_like(p) for n, p in params.items()}
             gen.set_state(step.noise_state)
             for n, p in params.items():
-                if plan.noise_sampler == "ziggurat":  # its stream: std applied in float64
-                    s = summed[n].add_(ziggurat.normal(p.shape, noise_std, gen, p.dtype))
+                if plan.noise_sampler != "torch":  # its stream: std applied in float64
+                    s = summed[n].add_(counter_noise.normal(p.shape, noise_std, gen, p.dtype))
                 else:
                     s = summed[n].add_(torch.randn(p.shape, generator=gen), alpha=noise_std)
                 p.sub_(s, alpha=step_size)

@@ -1,11 +1,16 @@
-"""Gaussian noise of one DP-SGD step: torch's generator against the ziggurat sampler.
+"""Gaussian noise of one DP-SGD step: torch's generator against the counter-based CPU
+samplers (``privacy.noise_sampler``: ziggurat, boxmuller).
 
     python benchmarks/noise_sampler.py [--values 582026] [--calls 400]
 
-One process, one torch thread; the two samplers alternate call by call, so a change in
-the machine's load hits both alike. Prints, per sampler, the best, 10th-percentile and
-median milliseconds per noise tensor of `--values` float32 values (FedAvgCNN: 582,026),
-the ratio of the best times and the 1-minute load average before and after, and writes
+One process, one torch thread; the three samplers take turns call by call, so a change
+in the machine's load hits them alike. Each call is the one DP-SGD makes per parameter
+tensor (`raydpfl.privacy.dpsgd.fill_gaussian_`, which hands a counter-based stream to
+`raydpfl.privacy.counter_noise.fill_normal_`). Prints, per sampler, the best,
+10th-percentile and median milliseconds per noise tensor of `--values` float32 values
+(FedAvgCNN: 582,026), the ratios torch / sampler of the best times, each compiled
+sampler's first call (numba compile or cache load; the ziggurat's, made first, includes
+numba's import) and the 1-minute load average before and after, and writes
 benchmarks/results/noise_sampler-<UTC>.json.
 """
 
@@ -26,8 +31,9 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from raydpfl.privacy import ziggurat  # noqa: E402
+from raydpfl.privacy import counter_noise  # noqa: E402
 from raydpfl.privacy.dpsgd import fill_gaussian_  # noqa: E402
+from raydpfl.privacy.noise_samplers import NOISE_SAMPLERS, seeded_stream  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,16 +43,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     out = torch.empty(args.values)
-    plain = torch.Generator().manual_seed(0)
-    zig = ziggurat.ZigguratGenerator()
-    zig.manual_seed(0)
+    gens = {name: seeded_stream(name, 0) for name in NOISE_SAMPLERS}  # torch first
+    compiled = [name for name, g in gens.items() if counter_noise.is_counter_noise(g)]
     load = [os.getloadavg()[0]]
-    t0 = time.perf_counter()
-    fill_gaussian_(out, 1.0, zig)  # numba: compile, or load the cached loops
-    first_call = time.perf_counter() - t0
-    times: dict[str, list[float]] = {"torch": [], "ziggurat": []}
+    first_call = {}
+    for name in compiled:
+        t0 = time.perf_counter()
+        counter_noise.fill_normal_(out, 1.0, gens[name])  # numba: compile, or load the cache
+        first_call[name] = time.perf_counter() - t0
+    times: dict[str, list[float]] = {name: [] for name in gens}
     for _ in range(args.calls):
-        for name, gen in (("torch", plain), ("ziggurat", zig)):
+        for name, gen in gens.items():
             t = time.perf_counter()
             fill_gaussian_(out, 1.0, gen)  # the call DP-SGD makes for each parameter tensor
             times[name].append((time.perf_counter() - t) * 1e3)
@@ -59,15 +66,18 @@ def main(argv: list[str] | None = None) -> None:
         }
         for name, v in times.items()
     }
-    ratio = figs["torch"]["best_ms"] / figs["ziggurat"]["best_ms"]
+    ratios = {name: figs["torch"]["best_ms"] / figs[name]["best_ms"] for name in compiled}
     for name, f in figs.items():
         print(
             f"{name:<9} best {f['best_ms']:.3f} ms  p10 {f['p10_ms']:.3f}  "
             f"median {f['median_ms']:.3f}  ({args.values:,} values, 1 thread)"
         )
     print(
-        f"torch / ziggurat (best): {ratio:.2f}; ziggurat's first call (numba compile or "
-        f"cache load) {first_call:.2f} s; 1-min load {load[0]:.2f} -> {load[1]:.2f}"
+        "torch / sampler (best): "
+        + ", ".join(f"{name} {r:.2f}" for name, r in ratios.items())
+        + "; first call (numba compile or cache load): "
+        + ", ".join(f"{name} {s:.2f} s" for name, s in first_call.items())
+        + f"; 1-min load {load[0]:.2f} -> {load[1]:.2f}"
     )
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
@@ -79,8 +89,11 @@ def main(argv: list[str] | None = None) -> None:
                 "values": args.values,
                 "calls": args.calls,
                 "figures": figs,
-                "torch_over_ziggurat_best": ratio,
-                "first_call_seconds": first_call,
+                "torch_over_ziggurat_best": ratios["ziggurat"],
+                "torch_over_boxmuller_best": ratios["boxmuller"],
+                # the ziggurat's (this key's meaning before boxmuller was added)
+                "first_call_seconds": first_call["ziggurat"],
+                "first_call_seconds_by_sampler": first_call,
                 "loadavg_1min": load,
                 "cpu_count": os.cpu_count(),
                 "torch": torch.__version__,

@@ -32,7 +32,7 @@ Usage (from the repository root):
 
     python benchmarks/workloads.py [--workload w1 w2 w3] [--rounds R] [--threads T]
                                    [--ray-workers W] [--repeats K] [--runners a,b,...]
-                                   [--no-peers] [--noise-sampler torch|ziggurat]
+                                   [--no-peers] [--noise-sampler torch|ziggurat|boxmuller]
 
 Prints a report per workload and writes benchmarks/results/<workload>-<UTC>.json and
 .txt. See README.md.
@@ -61,6 +61,8 @@ if str(ROOT) not in sys.path:  # run from a checkout: the package need not be in
 
 import torch  # noqa: E402
 from _proctree import TreeSampler  # noqa: E402
+
+from raydpfl.privacy.noise_samplers import NOISE_SAMPLERS  # noqa: E402
 
 THIS = Path(__file__).resolve()
 WORKLOADS = {
@@ -252,7 +254,7 @@ def run_child(
     ray_workers: int,
     engine: str = "auto",
     peer_data: Path | None = None,
-    noise_sampler: str = "ziggurat",
+    noise_sampler: str = "boxmuller",
 ) -> dict[str, Any]:
     """Runs one runner in this process and returns its raw per-round record."""
     if runner in PEERS:
@@ -858,9 +860,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-peers", action="store_true", help="leave the peers out of the defaults")
     p.add_argument(
         "--noise-sampler",
-        choices=("torch", "ziggurat"),
-        default="ziggurat",
-        help="raydpfl's privacy.noise_sampler (default ziggurat, its fastest on the CPU; the "
+        choices=NOISE_SAMPLERS,
+        default="boxmuller",
+        help="raydpfl's privacy.noise_sampler (default boxmuller, its fastest on the CPU; the "
         "floors replay the same streams)",
     )
     p.add_argument("--repeats", type=int, default=1, help="runs per runner; figures are medians")

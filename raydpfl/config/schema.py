@@ -487,9 +487,10 @@ class PrivacyConfig:
     sampling_rate: float = 0.05  # q, Poisson
     # DP noise and Poisson sampling from os.urandom (not reproducible; README: secure noise)
     secure_noise: bool = False
-    # The DP-SGD Gaussian sampler of a client's seeded stream: torch's generator, or the
-    # faster numba ziggurat (CPU only; its own stream: raydpfl/privacy/ziggurat.py)
-    noise_sampler: Literal["torch", "ziggurat"] = "torch"
+    # The DP-SGD Gaussian sampler of a client's seeded stream: torch's generator, or a
+    # faster numba sampler with its own stream (CPU only): a ziggurat
+    # (raydpfl/privacy/ziggurat.py) or a vectorised Box-Muller (raydpfl/privacy/boxmuller.py)
+    noise_sampler: Literal["torch", "ziggurat", "boxmuller"] = "torch"
 
     def __post_init__(self) -> None:
         _check(self.epsilon > 0, "epsilon", f"must be > 0, got {self.epsilon}")
@@ -506,9 +507,9 @@ class PrivacyConfig:
             f"must be in (0, 1], got {self.sampling_rate}",
         )
         _check(
-            self.noise_sampler in ("torch", "ziggurat"),
+            self.noise_sampler in ("torch", "ziggurat", "boxmuller"),
             "noise_sampler",
-            f"must be torch or ziggurat, got {self.noise_sampler!r}",
+            f"must be torch, ziggurat or boxmuller, got {self.noise_sampler!r}",
         )
         _check(
             not (self.secure_noise and self.noise_sampler != "torch"),

@@ -123,12 +123,13 @@ def build_experiment(
     else:
         ledger, privacy = ledger_for(algorithm, config.experiment.privacy, sizes)
     noise = config.experiment.privacy
-    if noise.noise_sampler == "ziggurat" and (
+    if noise.noise_sampler != "torch" and (
         rt.device == "cuda" or (rt.device == "auto" and torch.cuda.is_available())
     ):
         raise ConfigError(
             "experiment.privacy.noise_sampler",
-            f"ziggurat samples on the CPU; runtime.device is {rt.device!r} (use cpu, or torch)",
+            f"{noise.noise_sampler} samples on the CPU; runtime.device is {rt.device!r} "
+            "(use cpu, or noise_sampler torch)",
         )
     apply_noise_mode(algorithm, privacy, noise.secure_noise, noise.noise_sampler)
     metadata["privacy"] = privacy

@@ -43,13 +43,24 @@ SECURE_NOISE_SOURCE = (
 )
 
 
-#: The summary's ``noise_source`` under ``privacy.noise_sampler: ziggurat``.
-ZIGGURAT_NOISE_SOURCE = (
-    "research mode, ziggurat sampler: the Gaussian noise drawn through raydpfl.privacy.dpsgd "
-    "from a client's seeded stream comes from a 256-layer ziggurat over xoshiro256++ seeded "
-    "by one draw of that stream per noise tensor (raydpfl/privacy/ziggurat.py); everything "
-    "else from the seeded PyTorch PRNG (reproducible; not floating-point secure)"
-)
+#: The summary's ``noise_source`` under ``privacy.noise_sampler: ziggurat`` or ``boxmuller``.
+COUNTER_NOISE_SOURCES = {
+    "ziggurat": (
+        "research mode, ziggurat sampler: the Gaussian noise drawn through "
+        "raydpfl.privacy.dpsgd from a client's seeded stream comes from a 256-layer ziggurat "
+        "over counter-based SplitMix64 words keyed by one draw of that stream per noise "
+        "tensor (raydpfl/privacy/ziggurat.py); everything else from the seeded PyTorch PRNG "
+        "(reproducible; not floating-point secure)"
+    ),
+    "boxmuller": (
+        "research mode, Box-Muller sampler: the Gaussian noise drawn through "
+        "raydpfl.privacy.dpsgd from a client's seeded stream comes from a vectorised "
+        "Box-Muller transform (53-bit uniforms, |z| < 8.65) over counter-based SplitMix64 "
+        "words keyed by one draw of that stream per noise tensor "
+        "(raydpfl/privacy/boxmuller.py); everything else from the seeded PyTorch PRNG "
+        "(reproducible; not floating-point secure)"
+    ),
+}
 
 
 def apply_noise_mode(
@@ -62,8 +73,8 @@ def apply_noise_mode(
     algorithm.noise_sampler = sampler
     if secure:
         privacy_meta["noise_source"] = SECURE_NOISE_SOURCE
-    elif sampler == "ziggurat":
-        privacy_meta["noise_source"] = ZIGGURAT_NOISE_SOURCE
+    elif sampler in COUNTER_NOISE_SOURCES:
+        privacy_meta["noise_source"] = COUNTER_NOISE_SOURCES[sampler]
 
 
 def privacy_metadata(privacy: PrivacyConfig) -> dict[str, Any]:

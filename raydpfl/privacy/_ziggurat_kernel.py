@@ -9,26 +9,10 @@ import math
 import numba
 import numpy as np
 
-u64 = numba.uint64
-GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's Weyl increment
+from raydpfl.privacy._splitmix import GOLDEN, INV53, mix, u64, word
+
 FIXUP_SALT = 0xD1B54A32D192ED03  # separates the fix-up stream's key from the main key
-INV53 = 1.0 / 9007199254740992.0  # 2**-53
 TAIL_R = 3.6541528853610088  # ziggurat.R
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def mix(z):
-    """SplitMix64's output function (Steele, Lea & Flood 2014; Vigna's constants)."""
-    z = (z ^ (z >> u64(30))) * u64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> u64(27))) * u64(0x94D049BB133111EB)
-    return z ^ (z >> u64(31))
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def word(key, counter):
-    """The `counter`-th (1-based) SplitMix64 output of the stream whose state starts at
-    `key`: computable for any counter, so the first pass has no serial dependency."""
-    return mix(key + counter * u64(GOLDEN))
 
 
 @numba.njit(cache=True, nogil=True)

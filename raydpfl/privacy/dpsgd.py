@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from raydpfl.privacy import secure_noise, ziggurat
+from raydpfl.privacy import counter_noise, secure_noise
 
 Params = dict[str, torch.Tensor]
 
@@ -125,11 +125,12 @@ def standard_normal_like(t: torch.Tensor, generator: torch.Generator) -> torch.T
     """One N(0, 1) draw per entry of `t` (its shape, device and dtype) from `generator`:
     the draw behind every Gaussian noise of a DP-SGD step, so all of them consume a
     client's stream alike. A `secure_noise.SecureGenerator` draws from `os.urandom`
-    instead (secure-noise mode)."""
+    instead (secure-noise mode), a `counter_noise.CounterNoiseGenerator` from its
+    sampler (``privacy.noise_sampler``)."""
     if secure_noise.is_secure(generator):
         return secure_noise.gaussian(t.shape, 1.0, t.dtype, t.device)
-    if ziggurat.is_ziggurat(generator):
-        return ziggurat.normal(t.shape, 1.0, generator, t.dtype)
+    if counter_noise.is_counter_noise(generator):  # privacy.noise_sampler: ziggurat, boxmuller
+        return counter_noise.normal(t.shape, 1.0, generator, t.dtype)
     return torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
 
 
@@ -147,11 +148,12 @@ def gaussian_like(t: torch.Tensor, std: float, generator: torch.Generator) -> to
 def fill_gaussian_(out: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
     """Fills `out` with N(0, std²) draws in place and returns it: ``normal_`` from
     `generator`, or, for a `secure_noise.SecureGenerator`, `os.urandom` Gaussians (each
-    the sum of 4 draws, scaled in float64; `raydpfl.privacy.secure_noise`)."""
+    the sum of 4 draws, scaled in float64; `raydpfl.privacy.secure_noise`), or, for a
+    `counter_noise.CounterNoiseGenerator`, its sampler's (``privacy.noise_sampler``)."""
     if secure_noise.is_secure(generator):
         return out.copy_(secure_noise.gaussian(out.shape, std, out.dtype, out.device))
-    if ziggurat.is_ziggurat(generator):  # privacy.noise_sampler: ziggurat (one stream draw)
-        return ziggurat.fill_normal_(out, std, generator)
+    if counter_noise.is_counter_noise(generator):  # ziggurat, boxmuller: one stream draw
+        return counter_noise.fill_normal_(out, std, generator)
     return out.normal_(0.0, std, generator=generator)
 
 

@@ -7,10 +7,11 @@ sampler makes the same-distribution draws several times faster (measured in
 benchmarks/README.md, "Gaussian noise"), with its own documented stream.
 
 ``privacy.noise_sampler: ziggurat`` selects it. A client's stream is then a
-`ZigguratGenerator`: still a `torch.Generator` seeded exactly as before (so Poisson
-sampling and every other draw an algorithm makes from it are unchanged), which
-`raydpfl.privacy.dpsgd`'s Gaussian functions recognise. The default (``torch``) is
-untouched, so existing runs keep their bits.
+`ZigguratGenerator`, a `raydpfl.privacy.counter_noise.CounterNoiseGenerator`: still a
+`torch.Generator` seeded exactly as before (so Poisson sampling and every other draw an
+algorithm makes from it are unchanged), which `raydpfl.privacy.dpsgd`'s Gaussian
+functions recognise. The default (``torch``) is untouched, so existing runs keep their
+bits. ``boxmuller`` (`raydpfl.privacy.boxmuller`) is faster still on SIMD CPUs.
 
 Stream format, per call (one noise tensor of n values):
 
@@ -48,7 +49,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
+
+from raydpfl.privacy.counter_noise import CounterNoiseGenerator
 
 #: The rightmost layer edge and the common layer area of the 256-layer ziggurat
 #: (Marsaglia & Tsang 2000, Table 1, for f(x) = exp(-x²/2)).
@@ -81,53 +83,10 @@ def _fill(out: np.ndarray, seed: int, std: float) -> None:
     fill(out, np.uint64(seed), float(std), EDGES, RATIOS, DENSITY)
 
 
-class ZigguratGenerator(torch.Generator):
+class ZigguratGenerator(CounterNoiseGenerator):
     """A client's stream when ``privacy.noise_sampler`` is ``ziggurat``: a CPU
     `torch.Generator` (seeded by the caller as any client stream) whose Gaussian noise
-    `raydpfl.privacy.dpsgd` draws with `fill_normal_` (see the module docstring)."""
+    `raydpfl.privacy.dpsgd` draws with `counter_noise.fill_normal_` (module docstring)."""
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
-        # torch.Generator.__new__ takes the device; there is no base __init__ to call.
-        if torch.device(device).type != "cpu":
-            raise ValueError(
-                f"privacy.noise_sampler: ziggurat runs on the CPU; the device is {device}"
-            )
-
-
-def is_ziggurat(generator: torch.Generator) -> bool:
-    """Whether Gaussian noise for this stream comes from the ziggurat sampler."""
-    return isinstance(generator, ZigguratGenerator)
-
-
-def draw_seed(generator: torch.Generator) -> int:
-    """Step 1 of the stream format: the call's one draw from the torch stream."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator))
-
-
-def fill_normal_(out: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
-    """Fills the CPU tensor `out` with N(0, std²) from the ziggurat stream of one draw of
-    `generator` (module docstring), in place; returns `out`."""
-    if out.device.type != "cpu":
-        raise ValueError(f"the ziggurat sampler fills CPU tensors; got {out.device}")
-    if out.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"the ziggurat sampler fills float32/float64 tensors; got {out.dtype}")
-    seed = draw_seed(generator)
-    if out.numel() == 0:
-        return out
-    if out.is_contiguous():
-        _fill(out.view(-1).numpy(), seed, std)
-    else:
-        flat = torch.empty(out.numel(), dtype=out.dtype)
-        _fill(flat.numpy(), seed, std)
-        out.copy_(flat.view(out.shape))
-    return out
-
-
-def normal(
-    shape: torch.Size | tuple[int, ...],
-    std: float,
-    generator: torch.Generator,
-    dtype=torch.float32,
-) -> torch.Tensor:
-    """A new tensor of N(0, std²) draws (`fill_normal_` on an empty tensor)."""
-    return fill_normal_(torch.empty(shape, dtype=dtype), std, generator)
+    sampler = "ziggurat"
+    fill = staticmethod(_fill)

@@ -30,8 +30,8 @@ from raydpfl.data.federated import FederatedDataset, IndexTable
 from raydpfl.models import assert_dp_compatible, build_model
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.noise_samplers import seeded_stream
 from raydpfl.privacy.secure_noise import SecureGenerator
-from raydpfl.privacy.ziggurat import ZigguratGenerator
 from raydpfl.simulation.evaluation import EvalResult, evaluate, evaluation_params
 from raydpfl.simulation.seeding import derive_seed, torch_generator
 
@@ -163,10 +163,9 @@ class ClientWorker:
         (DP noise and Poisson samples from os.urandom; not reproducible, by design)."""
         if self.secure_noise:
             return SecureGenerator(device=self.device)
-        if self.noise_sampler == "ziggurat":  # the same seed; Gaussians by the ziggurat
-            gen = ZigguratGenerator(device=self.device)
-            gen.manual_seed(derive_seed(self.run_seed, task.round_idx, task.client_id, task.kind))
-            return gen
+        if self.noise_sampler != "torch":  # the same seed; Gaussians by the chosen sampler
+            seed = derive_seed(self.run_seed, task.round_idx, task.client_id, task.kind)
+            return seeded_stream(self.noise_sampler, seed, self.device)
         return torch_generator(
             self.run_seed, task.round_idx, task.client_id, task.kind, device=self.device
         )

@@ -14,8 +14,9 @@ from tests.conftest import FASHION_MNIST_DIR, small_config
 pytestmark = pytest.mark.ray
 
 
-def _config(backend="ray", workers=2, cpus=1.0, **runtime):
+def _config(backend="ray", workers=2, cpus=1.0, experiment__privacy=None, **runtime):
     return small_config(
+        **({"experiment__privacy": experiment__privacy} if experiment__privacy else {}),
         runtime={
             "backend": backend,
             "workers": workers,
@@ -37,6 +38,21 @@ def test_ray_matches_local_bit_for_bit_with_1_2_and_4_workers(ray_session):
         assert summary["model_sha256"] == local["model_sha256"], f"{n} workers"
         assert summary["ledger_sha256"] == local["ledger_sha256"], f"{n} workers"
         assert summary["final_test_accuracy"] == local["final_test_accuracy"]
+
+
+@pytest.mark.parametrize("sampler", ["ziggurat", "boxmuller"])
+def test_a_counter_noise_sampler_is_bit_identical_on_both_backends(ray_session, sampler):
+    """The numba samplers' streams (privacy.noise_sampler) are keyed by the client's
+    seeded stream only, so the worker that trains a client does not matter."""
+    privacy = {"noise_sampler": sampler}
+    local = run_experiment(
+        build_experiment(small_config(experiment__privacy=privacy, runtime__progress=False)), None
+    )
+    ray = run_experiment(build_experiment(_config(experiment__privacy=privacy)), None)
+
+    assert ray["model_sha256"] == local["model_sha256"]
+    assert ray["ledger_sha256"] == local["ledger_sha256"]
+    assert ray["privacy"]["noise_source"] == local["privacy"]["noise_source"]
 
 
 def test_workers_share_a_declared_gpu_in_quarters(ray_session):

@@ -79,9 +79,9 @@ def test_worker_split_is_the_ray_pools_split(seed):
     assert [list(part) for part in ours] == ray_split
 
 
-@pytest.mark.parametrize("sampler", ["torch", "ziggurat"])
+@pytest.mark.parametrize("sampler", ["torch", "ziggurat", "boxmuller"])
 def test_the_per_sample_floor_replays_raydpfls_batches_and_noise(sampler, tmp_path):
-    """Same batches, same noise (either sampler): the per-sample floor ends where raydpfl
+    """Same batches, same noise (any sampler): the per-sample floor ends where raydpfl
     ends, up to float summation order, and a wrong replay would not."""
     from raydpfl.experiment.build import run_experiment
 
@@ -104,7 +104,7 @@ def test_the_per_sample_floor_replays_raydpfls_batches_and_noise(sampler, tmp_pa
         torch.testing.assert_close(model[name], t, rtol=1e-4, atol=1e-5)
     assert ours["final_test_accuracy"] == pytest.approx(floor.test_accuracy, abs=1.5 / 360)
     # the other sampler's noise gives another model
-    other = "torch" if sampler == "ziggurat" else "ziggurat"
+    other = "torch" if sampler != "torch" else "boxmuller"
     wrong = _floors.run_per_sample(dataclasses.replace(plan, noise_sampler=other))
     moved = sum(
         float((wrong.final_params[n] - floor.final_params[n]).abs().max())

@@ -1,0 +1,109 @@
+"""The compiled loop of `raydpfl.privacy.boxmuller` (its docstring has the stream format).
+
+Every operation is branch-free IEEE arithmetic (no libm call, no fast-math), so LLVM
+vectorises the loop and the bits do not depend on the CPU's vector width. ln and
+sin/cos are evaluated by the short polynomials below, accurate to a few units of
+float64's last place (tests/privacy/test_boxmuller.py checks them against numpy)."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from raydpfl.privacy._splitmix import GOLDEN, INV53, mix, u64, word
+
+LN2 = 0.6931471805599453
+SQRT2 = 1.4142135623730951
+HALF_PI = 1.5707963267948966
+MANTISSA = (1 << 52) - 1
+EXPONENT_OF_ONE = 1023 << 52
+
+
+@numba.njit(inline="always", error_model="numpy")
+def ln(u):
+    """ln u for a normal positive float64: u = m·2^e with m in [√½, √2), then
+    ln m = 2·atanh(s), s = (m − 1)/(m + 1), |s| ≤ 0.172, by its series to s¹⁵ (the
+    remainder is below 2e-14 relative)."""
+    b = np.float64(u).view(np.int64)
+    e = ((b >> 52) & 0x7FF) - 1023
+    m = np.int64((b & MANTISSA) | EXPONENT_OF_ONE).view(np.float64)
+    big = m > SQRT2
+    m = m * 0.5 if big else m
+    e = e + 1 if big else e
+    s = (m - 1.0) / (m + 1.0)
+    z = s * s
+    p = 1.0 / 15.0
+    p = p * z + 1.0 / 13.0
+    p = p * z + 1.0 / 11.0
+    p = p * z + 1.0 / 9.0
+    p = p * z + 1.0 / 7.0
+    p = p * z + 1.0 / 5.0
+    p = p * z + 1.0 / 3.0
+    p = p * z + 1.0
+    return np.float64(e) * LN2 + 2.0 * s * p
+
+
+@numba.njit(inline="always", error_model="numpy")
+def cos_sin_2pi(t):
+    """(cos 2πt, sin 2πt) for t in [0, 1): the nearest quarter turn q, the rest
+    θ = (4t − q)·π/2 in [−π/4, π/4] by Taylor series to θ¹⁵ and θ¹⁶ (remainders below
+    3e-15), rotated by q quarter turns."""
+    x4 = 4.0 * t
+    q = np.int64(x4 + 0.5)
+    th = (x4 - np.float64(q)) * HALF_PI
+    z = th * th
+    sp = -1.0 / 1307674368000.0
+    sp = sp * z + 1.0 / 6227020800.0
+    sp = sp * z - 1.0 / 39916800.0
+    sp = sp * z + 1.0 / 362880.0
+    sp = sp * z - 1.0 / 5040.0
+    sp = sp * z + 1.0 / 120.0
+    sp = sp * z - 1.0 / 6.0
+    s = th + th * z * sp
+    cp = 1.0 / 20922789888000.0
+    cp = cp * z - 1.0 / 87178291200.0
+    cp = cp * z + 1.0 / 479001600.0
+    cp = cp * z - 1.0 / 3628800.0
+    cp = cp * z + 1.0 / 40320.0
+    cp = cp * z - 1.0 / 720.0
+    cp = cp * z + 1.0 / 24.0
+    cp = cp * z - 0.5
+    c = 1.0 + z * cp
+    q = q & 3
+    swap = (q & 1) == 1
+    x = s if swap else c
+    y = c if swap else s
+    x = -x if ((q + 1) & 2) != 0 else x  # quarter turns 1 and 2: cos < 0
+    y = -y if (q & 2) != 0 else y  # quarter turns 2 and 3: sin < 0
+    return x, y
+
+
+@numba.njit(inline="always", error_model="numpy")
+def pair(key, j, std):
+    """Pair j's std·√(−2 ln u) and its angle's (cos, sin): u from word 2j + 1 (53 bits,
+    in (0, 1)), the angle's turn t from word 2j + 2 (53 bits, in [0, 1))."""
+    w1 = word(key, u64(2 * j) + u64(1))
+    w2 = word(key, u64(2 * j) + u64(2))
+    u = (np.float64(np.int64(w1 >> u64(11))) + 0.5) * INV53
+    t = np.float64(np.int64(w2 >> u64(11))) * INV53
+    c, s = cos_sin_2pi(t)
+    return math.sqrt(-2.0 * ln(u)) * std, c, s
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def fill(out, seed, std):
+    """Fills the 1-d array `out` with N(0, std²) (see `raydpfl.privacy.boxmuller`)."""
+    key = mix(u64(seed) + u64(GOLDEN))
+    n = out.shape[0]
+    pairs = n // 2
+    # cosines to out[0:pairs], sines to out[pairs:2·pairs]. (An offset written as
+    # n − pairs stops LLVM from vectorising the loop: keep it `pairs`.)
+    for j in range(pairs):
+        r, c, s = pair(key, j, std)
+        out[j] = r * c
+        out[pairs + j] = r * s
+    if n > 2 * pairs:  # odd n: the last value is pair `pairs`'s cosine
+        r, c, s = pair(key, pairs, std)
+        out[n - 1] = r * c

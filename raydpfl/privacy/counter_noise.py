@@ -1,0 +1,80 @@
+"""What the CPU noise samplers with counter-based streams share (``privacy.noise_sampler``
+``ziggurat`` and ``boxmuller``).
+
+A client's stream under such a sampler is a `CounterNoiseGenerator`: still a
+`torch.Generator`, seeded exactly as the default one (so Poisson sampling and every other
+draw an algorithm makes from it are unchanged), whose Gaussian noise
+`raydpfl.privacy.dpsgd` draws with `fill_normal_`. Each call (one noise tensor) takes
+exactly one ``Tensor.random_`` draw from the torch stream (`draw_seed`), an integer in
+[0, 2**63), and the sampler's numba kernel fills the tensor in row-major order from
+counter-based SplitMix64 words keyed by that draw: the first pass has no serial
+dependency, and the torch stream advances by one draw whatever the tensor's size.
+The per-sampler stream formats are in `raydpfl.privacy.ziggurat` and
+`raydpfl.privacy.boxmuller`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class CounterNoiseGenerator(torch.Generator):
+    """Base of the CPU noise streams: a `torch.Generator` (seeded by the caller as any
+    client stream) whose Gaussians a subclass's `fill` kernel makes."""
+
+    #: The ``privacy.noise_sampler`` value this stream implements.
+    sampler = ""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        # torch.Generator.__new__ takes the device; there is no base __init__ to call.
+        if torch.device(device).type != "cpu":
+            raise ValueError(
+                f"privacy.noise_sampler: {self.sampler} runs on the CPU; the device is {device}"
+            )
+
+    @staticmethod
+    def fill(out: np.ndarray, seed: int, std: float) -> None:
+        """Fills the contiguous 1-d float32/float64 array `out` with N(0, std²) from the
+        stream keyed by `seed`."""
+        raise NotImplementedError
+
+
+def is_counter_noise(generator: torch.Generator) -> bool:
+    """Whether Gaussian noise for this stream comes from a counter-based CPU sampler."""
+    return isinstance(generator, CounterNoiseGenerator)
+
+
+def draw_seed(generator: torch.Generator) -> int:
+    """The call's one draw from the torch stream (the key of its counter-based words)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator))
+
+
+def fill_normal_(out: torch.Tensor, std: float, generator: CounterNoiseGenerator) -> torch.Tensor:
+    """Fills the CPU tensor `out` with N(0, std²) from `generator`'s sampler, keyed by one
+    draw of its torch stream, in place (row-major order); returns `out`."""
+    name = generator.sampler
+    if out.device.type != "cpu":
+        raise ValueError(f"the {name} sampler fills CPU tensors; got {out.device}")
+    if out.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"the {name} sampler fills float32/float64 tensors; got {out.dtype}")
+    seed = draw_seed(generator)
+    if out.numel() == 0:
+        return out
+    if out.is_contiguous():
+        generator.fill(out.view(-1).numpy(), seed, std)
+    else:
+        flat = torch.empty(out.numel(), dtype=out.dtype)
+        generator.fill(flat.numpy(), seed, std)
+        out.copy_(flat.view(out.shape))
+    return out
+
+
+def normal(
+    shape: torch.Size | tuple[int, ...],
+    std: float,
+    generator: CounterNoiseGenerator,
+    dtype=torch.float32,
+) -> torch.Tensor:
+    """A new tensor of N(0, std²) draws (`fill_normal_` on an empty tensor)."""
+    return fill_normal_(torch.empty(shape, dtype=dtype), std, generator)
