@@ -46,8 +46,14 @@ def is_counter_noise(generator: torch.Generator) -> bool:
 
 
 def draw_seed(generator: torch.Generator) -> int:
-    """The call's one draw from the torch stream (the key of its counter-based words)."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator))
+    """The call's one draw from the torch stream (the key of its counter-based words):
+    ``Tensor.random_`` on an int64 scalar, an integer in [0, 2**63)."""
+    buf = getattr(generator, "_seed_buf", None)
+    if buf is None:  # a plain torch.Generator (the floors' replay) or a first call
+        buf = torch.empty((), dtype=torch.int64)
+        if isinstance(generator, CounterNoiseGenerator):  # reused: saves an allocation
+            generator._seed_buf = buf
+    return int(buf.random_(generator=generator))
 
 
 def fill_normal_(out: torch.Tensor, std: float, generator: CounterNoiseGenerator) -> torch.Tensor:
@@ -62,7 +68,7 @@ def fill_normal_(out: torch.Tensor, std: float, generator: CounterNoiseGenerator
     if out.numel() == 0:
         return out
     if out.is_contiguous():
-        generator.fill(out.view(-1).numpy(), seed, std)
+        generator.fill(out.numpy().reshape(-1), seed, std)
     else:
         flat = torch.empty(out.numel(), dtype=out.dtype)
         generator.fill(flat.numpy(), seed, std)
