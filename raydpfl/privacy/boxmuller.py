@@ -43,20 +43,14 @@ import math
 
 import numpy as np
 
-from raydpfl.privacy.counter_noise import CounterNoiseGenerator
+from raydpfl.privacy.counter_noise import CounterNoiseGenerator, kernel_fill
 
 #: The largest |z| the 53-bit u can produce: √(−2 ln(2⁻⁵⁴)).
 MAX_ABS = math.sqrt(2.0 * 54 * math.log(2.0))
 
 
 def _fill(out: np.ndarray, seed: int, std: float) -> None:
-    try:  # numba is imported, and the kernel compiled (or loaded from its cache), on first use
-        from raydpfl.privacy._boxmuller_kernel import fill
-    except ImportError as e:  # pragma: no cover - numba is a dependency
-        raise RuntimeError(
-            "privacy.noise_sampler: boxmuller needs numba (pip install numba)"
-        ) from e
-    fill(out, np.uint64(seed), float(std))
+    kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller")(out, np.uint64(seed), float(std))
 
 
 class BoxMullerGenerator(CounterNoiseGenerator):

@@ -15,6 +15,9 @@ The per-sampler stream formats are in `raydpfl.privacy.ziggurat` and
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -38,6 +41,17 @@ class CounterNoiseGenerator(torch.Generator):
         """Fills the contiguous 1-d float32/float64 array `out` with N(0, std²) from the
         stream keyed by `seed`."""
         raise NotImplementedError
+
+
+def kernel_fill(module: str, sampler: str) -> Callable[..., None]:
+    """The compiled ``fill`` of kernel `module`: numba is imported, and the kernel
+    compiled (or loaded from its on-disk cache), on first use only."""
+    try:
+        return importlib.import_module(module).fill
+    except ImportError as e:  # pragma: no cover - numba is a dependency
+        raise RuntimeError(
+            f"privacy.noise_sampler: {sampler} needs numba (pip install numba)"
+        ) from e
 
 
 def is_counter_noise(generator: torch.Generator) -> bool:

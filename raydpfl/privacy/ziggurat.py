@@ -50,7 +50,7 @@ import math
 
 import numpy as np
 
-from raydpfl.privacy.counter_noise import CounterNoiseGenerator
+from raydpfl.privacy.counter_noise import CounterNoiseGenerator, kernel_fill
 
 #: The rightmost layer edge and the common layer area of the 256-layer ziggurat
 #: (Marsaglia & Tsang 2000, Table 1, for f(x) = exp(-x²/2)).
@@ -74,12 +74,7 @@ EDGES, RATIOS, DENSITY = _tables()
 
 
 def _fill(out: np.ndarray, seed: int, std: float) -> None:
-    try:  # numba is imported, and the kernel compiled (or loaded from its cache), on first use
-        from raydpfl.privacy._ziggurat_kernel import fill
-    except ImportError as e:  # pragma: no cover - numba is a dependency
-        raise RuntimeError(
-            "privacy.noise_sampler: ziggurat needs numba (pip install numba)"
-        ) from e
+    fill = kernel_fill("raydpfl.privacy._ziggurat_kernel", "ziggurat")
     fill(out, np.uint64(seed), float(std), EDGES, RATIOS, DENSITY)
 
 
