@@ -259,7 +259,7 @@ def run_child(
     ray_workers: int,
     engine: str = "auto",
     peer_data: Path | None = None,
-    noise_sampler: str = "boxmuller",
+    noise_sampler: str = "torch",
 ) -> dict[str, Any]:
     """Runs one runner in this process and returns its raw per-round record."""
     if runner in PEERS:
@@ -914,7 +914,7 @@ def main(argv: list[str] | None = None) -> None:
             args.ray_workers,
             args.engine,
             args.peer_data,
-            args.noise_sampler or "torch",
+            args.noise_sampler or NOISE_SAMPLER_DEFAULT[args.workload[0]],
         )
         args.json.write_text(json.dumps(record))
         return

@@ -43,22 +43,23 @@ SECURE_NOISE_SOURCE = (
 )
 
 
+def _counter_noise_source(label: str, method: str, module: str) -> str:
+    return (
+        f"research mode, {label} sampler: the Gaussian noise drawn through "
+        f"raydpfl.privacy.dpsgd from a client's seeded stream comes from {method} over "
+        "counter-based SplitMix64 words keyed by one draw of that stream per noise tensor "
+        f"(raydpfl/privacy/{module}.py); everything else from the seeded PyTorch PRNG "
+        "(reproducible; not floating-point secure)"
+    )
+
+
 #: The summary's ``noise_source`` under ``privacy.noise_sampler: ziggurat`` or ``boxmuller``.
 COUNTER_NOISE_SOURCES = {
-    "ziggurat": (
-        "research mode, ziggurat sampler: the Gaussian noise drawn through "
-        "raydpfl.privacy.dpsgd from a client's seeded stream comes from a 256-layer ziggurat "
-        "over counter-based SplitMix64 words keyed by one draw of that stream per noise "
-        "tensor (raydpfl/privacy/ziggurat.py); everything else from the seeded PyTorch PRNG "
-        "(reproducible; not floating-point secure)"
-    ),
-    "boxmuller": (
-        "research mode, Box-Muller sampler: the Gaussian noise drawn through "
-        "raydpfl.privacy.dpsgd from a client's seeded stream comes from a vectorised "
-        "Box-Muller transform (53-bit uniforms, |z| < 8.65) over counter-based SplitMix64 "
-        "words keyed by one draw of that stream per noise tensor "
-        "(raydpfl/privacy/boxmuller.py); everything else from the seeded PyTorch PRNG "
-        "(reproducible; not floating-point secure)"
+    "ziggurat": _counter_noise_source("ziggurat", "a 256-layer ziggurat", "ziggurat"),
+    "boxmuller": _counter_noise_source(
+        "Box-Muller",
+        "a vectorised Box-Muller transform (53-bit uniforms, |z| < 8.65)",
+        "boxmuller",
     ),
 }
 

@@ -35,6 +35,8 @@ class CounterNoiseGenerator(torch.Generator):
             raise ValueError(
                 f"privacy.noise_sampler: {self.sampler} runs on the CPU; the device is {device}"
             )
+        #: `draw_seed`'s int64 scalar, reused call after call (saves an allocation).
+        self.seed_buf = torch.empty((), dtype=torch.int64)
 
     @staticmethod
     def fill(out: np.ndarray, seed: int, std: float) -> None:
@@ -62,11 +64,10 @@ def is_counter_noise(generator: torch.Generator) -> bool:
 def draw_seed(generator: torch.Generator) -> int:
     """The call's one draw from the torch stream (the key of its counter-based words):
     ``Tensor.random_`` on an int64 scalar, an integer in [0, 2**63)."""
-    buf = getattr(generator, "_seed_buf", None)
-    if buf is None:  # a plain torch.Generator (the floors' replay) or a first call
+    if isinstance(generator, CounterNoiseGenerator):
+        buf = generator.seed_buf
+    else:  # a plain torch.Generator (the floors' replay of the draw)
         buf = torch.empty((), dtype=torch.int64)
-        if isinstance(generator, CounterNoiseGenerator):  # reused: saves an allocation
-            generator._seed_buf = buf
     return int(buf.random_(generator=generator))
 
 

@@ -33,7 +33,7 @@ from raydpfl.privacy.engines import make_engine
 from raydpfl.privacy.noise_samplers import seeded_stream
 from raydpfl.privacy.secure_noise import SecureGenerator
 from raydpfl.simulation.evaluation import EvalResult, evaluate, evaluation_params
-from raydpfl.simulation.seeding import derive_seed, torch_generator
+from raydpfl.simulation.seeding import derive_seed
 
 Params = dict[str, torch.Tensor]
 
@@ -160,15 +160,12 @@ class ClientWorker:
     def _stream(self, task: ClientTask) -> torch.Generator:
         """The client's RNG stream for `task`: derived from (run seed, round, client,
         kind), so reproducible on any worker; in secure-noise mode a `SecureGenerator`
-        (DP noise and Poisson samples from os.urandom; not reproducible, by design)."""
+        (DP noise and Poisson samples from os.urandom; not reproducible, by design). The
+        seed is the same whatever ``privacy.noise_sampler``; only its Gaussians differ."""
         if self.secure_noise:
             return SecureGenerator(device=self.device)
-        if self.noise_sampler != "torch":  # the same seed; Gaussians by the chosen sampler
-            seed = derive_seed(self.run_seed, task.round_idx, task.client_id, task.kind)
-            return seeded_stream(self.noise_sampler, seed, self.device)
-        return torch_generator(
-            self.run_seed, task.round_idx, task.client_id, task.kind, device=self.device
-        )
+        seed = derive_seed(self.run_seed, task.round_idx, task.client_id, task.kind)
+        return seeded_stream(self.noise_sampler, seed, self.device)
 
     def load_params(
         self, params: Mapping[str, torch.Tensor], model_key: str = GLOBAL_MODEL
