@@ -52,7 +52,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from raydpfl.privacy.dpsgd import (
     Params,
@@ -62,6 +61,7 @@ from raydpfl.privacy.dpsgd import (
     needs_losses,
     per_sample_norms,
 )
+from raydpfl.privacy.param_binding import ParameterBinding
 
 _SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
 
@@ -135,11 +135,11 @@ class BookkeepingClipping:
             raise ValueError(f"{type(model).__name__} has a layer without a book-keeping rule")
         self.model = model
         self.max_chunk = max_chunk
-        self.buffers = {n: b.detach() for n, b in model.named_buffers()}
         self._records: list[_Record] | None = None
         # set once a forward pass shows a layer called twice (`SharedLayerError`)
         self._fallback: PerSampleGradients | None = None
         self._prefix = {m: name for name, m in model.named_modules()}
+        self._binding = ParameterBinding(model)  # cheaper than functional_call per step
         for module in model.modules():
             if isinstance(module, _SUPPORTED):
                 module.register_forward_hook(self._record)
@@ -232,8 +232,8 @@ class BookkeepingClipping:
         leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
         self._records = []
         try:
-            with torch.enable_grad():
-                logits = functional_call(self.model, (leaves, self.buffers), (x,))
+            with torch.enable_grad(), self._binding.bound(leaves):
+                logits = self.model(x)
                 losses = F.cross_entropy(logits, y, reduction="none")
                 records = self._records
                 grads = torch.autograd.grad(losses.sum(), [r.output for r in records])
