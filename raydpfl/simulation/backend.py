@@ -2,7 +2,8 @@
 what they compute.
 
 A backend runs a round's tasks and returns the results in the order of the tasks,
-whatever order they finished in, and evaluates parameters on clients' held-out data.
+whatever order they finished in, and evaluates parameters on clients' held-out data
+and on the central test set.
 `close()` releases only what the backend created and may be called more than once.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from raydpfl.algorithms.base import ClientResult, ClientTask, WeightedUpdateSum
-from raydpfl.simulation.evaluation import EvalResult
+from raydpfl.simulation.evaluation import CentralTestSet, EvalResult
 
 
 class RoundTimeoutError(RuntimeError):
@@ -66,6 +67,14 @@ class Backend(abc.ABC):
         `model_keys[k]` names the model of a multi-model `params` that scores client
         `client_ids[k]` (see `raydpfl.algorithms.multi_model`); None: one model.
         """
+
+    def evaluate_central(
+        self, params: Mapping[str, torch.Tensor], test_set: CentralTestSet
+    ) -> EvalResult:
+        """Scores `params` on the central test set. This default scores it in the
+        calling (server) process; a backend with workers may spread the set's batches
+        over them (the Ray backend does), with the same batches and the same sums."""
+        return test_set.evaluate(params)
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Releases what the backend created."""

@@ -10,7 +10,7 @@ to the inputs before the model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -84,7 +84,61 @@ def eval_batch_size(device: torch.device | str) -> int:
     return CPU_EVAL_BATCH if torch.device(device).type == "cpu" else DEVICE_EVAL_BATCH
 
 
+def num_batches(num_examples: int, batch_size: int) -> int:
+    """How many evaluation batches `num_examples` records make (the last may be short)."""
+    return -(-num_examples // batch_size)
+
+
+@dataclass(frozen=True)
+class BatchScores:
+    """Per-batch sums of one stretch of evaluation batches: batch k of the stretch has
+    loss sum ``loss_sums[k]`` and ``corrects[k]`` right answers. Stretches evaluated on
+    different workers merge exactly (`merge_batches`): the batches are the same whoever
+    scores them, and their sums are added in batch order."""
+
+    loss_sums: tuple[float, ...]
+    corrects: tuple[int, ...]
+
+
 @torch.no_grad()
+def evaluate_batches(
+    model: nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    batches: range,
+) -> BatchScores:
+    """Scores `params` on batches `batches` of (x, y) cut at multiples of `batch_size`."""
+    regression = is_regression(y)
+    loss_sums: list[float] = []
+    corrects: list[int] = []
+    for b in batches:
+        xb, yb = x[b * batch_size : (b + 1) * batch_size], y[b * batch_size : (b + 1) * batch_size]
+        xb, weights = apply_input_transform(xb, params)
+        out = functional_call(model, weights, (xb,))
+        if regression:
+            loss_sums.append(float(F.mse_loss(out.reshape(yb.shape), yb, reduction="sum")))
+            corrects.append(0)
+        else:
+            loss_sums.append(float(F.cross_entropy(out, yb, reduction="sum")))
+            corrects.append(int((out.argmax(1) == yb).sum()))
+    return BatchScores(tuple(loss_sums), tuple(corrects))
+
+
+def merge_batches(parts: Sequence[BatchScores], num_examples: int, regression: bool) -> EvalResult:
+    """One `EvalResult` from consecutive stretches of batches, summed in batch order (so
+    the loss is the same float however the batches were split among workers)."""
+    loss_sum, correct = 0.0, 0
+    for part in parts:
+        for loss, right in zip(part.loss_sums, part.corrects, strict=True):
+            loss_sum += loss
+            correct += right
+    return EvalResult(
+        loss_sum=loss_sum, correct=correct, num_examples=num_examples, regression=regression
+    )
+
+
 def evaluate(
     model: nn.Module,
     params: Params,
@@ -96,17 +150,39 @@ def evaluate(
     `eval_batch_size` for x's device)."""
     if batch_size is None:
         batch_size = eval_batch_size(x.device)
-    regression = is_regression(y)
-    loss_sum, correct = 0.0, 0
-    for start in range(0, x.shape[0], batch_size):
-        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        xb, weights = apply_input_transform(xb, params)
-        out = functional_call(model, weights, (xb,))
-        if regression:
-            loss_sum += float(F.mse_loss(out.reshape(yb.shape), yb, reduction="sum"))
-        else:
-            loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
-            correct += int((out.argmax(1) == yb).sum())
-    return EvalResult(
-        loss_sum=loss_sum, correct=correct, num_examples=int(x.shape[0]), regression=regression
-    )
+    n = int(x.shape[0])
+    scores = evaluate_batches(model, params, x, y, batch_size, range(num_batches(n, batch_size)))
+    return merge_batches([scores], n, is_regression(y))
+
+
+@dataclass
+class CentralTestSet:
+    """The held-out test set the global model is scored on each evaluated round.
+
+    The server scores it itself (`evaluate`), or a backend spreads its batches over its
+    workers (`raydpfl.simulation.backend.Backend.evaluate_central`), each of which holds
+    the same records (the dataset's ``x_test``/``y_test``).
+    """
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        """Its evaluation batch (`eval_batch_size` for the set's device)."""
+        return eval_batch_size(self.x.device)
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def regression(self) -> bool:
+        return is_regression(self.y)
+
+    def evaluate(self, params: Params) -> EvalResult:
+        """Loss and accuracy of `params` on the whole set, on the set's device (the
+        server's parameters live on the CPU; the set may be resident on a GPU)."""
+        on_device = {n: t.to(self.x.device) for n, t in params.items()}
+        return evaluate(self.model, on_device, self.x, self.y)

@@ -16,8 +16,9 @@ from raydpfl.algorithms.base import Algorithm
 from raydpfl.config.schema import Config
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.simulation.evaluation import CentralTestSet
 from raydpfl.simulation.outputs import RunWriter
-from raydpfl.simulation.server import CentralTestSet, Server, ServerSettings
+from raydpfl.simulation.server import Server, ServerSettings
 from raydpfl.simulation.worker import ModelSpec, as_tensor
 
 Params = dict[str, torch.Tensor]

@@ -25,14 +25,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.privacy.client_level import POPULATION, ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
-from raydpfl.simulation.evaluation import EvalResult, evaluate
+from raydpfl.simulation.evaluation import CentralTestSet, EvalResult
 from raydpfl.simulation.fairness import fairness_metrics
 from raydpfl.simulation.integrity import ResumeError, first_ledger_difference, rebuild_ledger
 from raydpfl.simulation.outputs import RunWriter, model_sha256
@@ -40,21 +39,6 @@ from raydpfl.simulation.reduction import group_tasks
 from raydpfl.simulation.seeding import SERVER, numpy_rng
 
 Params = dict[str, torch.Tensor]
-
-
-@dataclass
-class CentralTestSet:
-    """The held-out test set the global model is scored on each evaluated round."""
-
-    model: nn.Module
-    x: torch.Tensor
-    y: torch.Tensor
-
-    def evaluate(self, params: Params) -> EvalResult:
-        """Loss and accuracy of `params` on the whole set, on the set's device (the
-        server's parameters live on the CPU; the set may be resident on a GPU)."""
-        on_device = {n: t.to(self.x.device) for n, t in params.items()}
-        return evaluate(self.model, on_device, self.x, self.y)
 
 
 @dataclass
@@ -442,7 +426,7 @@ class Server:
         ids = list(range(self.num_clients))
         keys = self.algorithm.evaluation_model_keys(self.num_clients)
         if keys is None:
-            central = self.test_set.evaluate(self.params)
+            central = backend.evaluate_central(self.params, self.test_set)
             row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
             if not self.settings.evaluate_clients:
                 return
@@ -527,7 +511,11 @@ class Server:
             return
         keys = self.algorithm.evaluation_model_keys(self.num_clients)
         if keys is None:
-            central = self.test_set.evaluate(self.params)
+            central = (
+                self._backend.evaluate_central(self.params, self.test_set)
+                if self._backend is not None
+                else self.test_set.evaluate(self.params)
+            )
         elif self._backend is not None:
             ids = list(range(self.num_clients))
             central = _pooled(self._backend.evaluate_clients(self.params, ids, keys))

@@ -32,7 +32,13 @@ from raydpfl.privacy import multi_client
 from raydpfl.privacy.engines import make_engine
 from raydpfl.privacy.noise_samplers import seeded_stream
 from raydpfl.privacy.secure_noise import SecureGenerator
-from raydpfl.simulation.evaluation import EvalResult, evaluate, evaluation_params
+from raydpfl.simulation.evaluation import (
+    BatchScores,
+    EvalResult,
+    evaluate,
+    evaluate_batches,
+    evaluation_params,
+)
 from raydpfl.simulation.seeding import derive_seed
 
 Params = dict[str, torch.Tensor]
@@ -156,6 +162,8 @@ class ClientWorker:
         self.y = as_tensor(dataset.y, self.device)
         self.client_train = _index_tensors(dataset.client_train, self.device)
         self.client_test = _index_tensors(dataset.client_test, self.device)
+        self._central_test = (dataset.x_test, dataset.y_test)  # numpy; on the device lazily
+        self._central_test_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _stream(self, task: ClientTask) -> torch.Generator:
         """The client's RNG stream for `task`: derived from (run seed, round, client,
@@ -306,6 +314,19 @@ class ClientWorker:
             chosen = broadcast if key is None else evaluation_params(broadcast, key)
             out.append(evaluate(self.model, chosen, self.x[idx], self.y[idx]))
         return out
+
+    def evaluate_central_batches(
+        self, params: Mapping[str, torch.Tensor], batch_size: int, batches: range
+    ) -> BatchScores:
+        """Scores `params` on batches `batches` of the central test set (the dataset's
+        ``x_test``/``y_test``, cut at multiples of `batch_size`): one stretch of the
+        server's evaluation, spread over the workers (`RayBackend.evaluate_central`)."""
+        if self._central_test_on_device is None:
+            x, y = self._central_test
+            self._central_test_on_device = (as_tensor(x, self.device), as_tensor(y, self.device))
+        x, y = self._central_test_on_device
+        on_device = {n: t.to(self.device) for n, t in params.items()}
+        return evaluate_batches(self.model, on_device, x, y, batch_size, batches)
 
 
 def _on_host(values: Mapping[str, Any]) -> dict[str, Any]:

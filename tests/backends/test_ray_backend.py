@@ -28,16 +28,29 @@ def _config(backend="ray", workers=2, cpus=1.0, experiment__privacy=None, **runt
 
 
 def test_ray_matches_local_bit_for_bit_with_1_2_and_4_workers(ray_session):
-    local = run_experiment(build_experiment(_config(backend="local")), None)
+    """Also the central evaluation, which the Ray backend spreads over its workers (the
+    test set's 4 batches: 4, 2 + 2 and 1 + 1 + 1 + 1 per worker): every round's test
+    loss is the same float as the local backend's at the workers' one thread."""
+    local_rows: list[dict] = []
+    local = run_experiment(
+        build_experiment(_config(backend="local", threads=1)), None, on_round=local_rows.append
+    )
 
+    rows: dict[int, list[dict]] = {n: [] for n in (1, 2, 4)}
     runs = {
-        n: run_experiment(build_experiment(_config(workers=n, cpus=1.0)), None) for n in (1, 2, 4)
+        n: run_experiment(
+            build_experiment(_config(workers=n, cpus=1.0)), None, on_round=rows[n].append
+        )
+        for n in (1, 2, 4)
     }
 
+    assert len(local_rows) == 4
     for n, summary in runs.items():
         assert summary["model_sha256"] == local["model_sha256"], f"{n} workers"
         assert summary["ledger_sha256"] == local["ledger_sha256"], f"{n} workers"
         assert summary["final_test_accuracy"] == local["final_test_accuracy"]
+        assert [r["test_loss"] for r in rows[n]] == [r["test_loss"] for r in local_rows]
+        assert [r["test_accuracy"] for r in rows[n]] == [r["test_accuracy"] for r in local_rows]
 
 
 @pytest.mark.parametrize("sampler", ["ziggurat", "boxmuller"])

@@ -29,7 +29,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from raydpfl.algorithms.base import ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.backends.ray.actors import RemoteClientWorker
 from raydpfl.simulation.backend import Backend, RoundTimeoutError, WorkerLostError, worker_threads
-from raydpfl.simulation.evaluation import EvalResult
+from raydpfl.simulation.evaluation import CentralTestSet, EvalResult, merge_batches, num_batches
 from raydpfl.simulation.reduction import estimated_work, group_work, lpt_bins
 
 
@@ -112,6 +112,28 @@ class RayBackend(Backend):
             for w, chunk in zip(self.workers, positions, strict=False)
         ]
         return [r for part in self._get(refs, self.round_timeout_s, "evaluation") for r in part]
+
+    def evaluate_central(
+        self, params: Mapping[str, torch.Tensor], test_set: CentralTestSet
+    ) -> EvalResult:
+        """The central test set's batches split into one consecutive stretch per worker
+        (every worker holds the set), summed in batch order: the same batches and sums
+        whatever the number of workers, and the server's own thread stays free."""
+        n, size = test_set.num_examples, test_set.batch_size
+        stretches = [
+            c for c in np.array_split(np.arange(num_batches(n, size)), len(self.workers)) if len(c)
+        ]
+        parts = []
+        if stretches:
+            params_ref = ray.put(dict(params))
+            refs = [
+                w.evaluate_central_batches.remote(
+                    params_ref, size, range(int(c[0]), int(c[-1]) + 1)
+                )
+                for w, c in zip(self.workers, stretches, strict=False)
+            ]
+            parts = self._get(refs, self.round_timeout_s, "central evaluation")
+        return merge_batches(parts, n, test_set.regression)
 
     def placements(self) -> list[dict[str, Any]]:
         """Where each worker runs (node, pid, GPU ids, threads)."""

@@ -45,7 +45,8 @@ class ServerHost:
         self, exp: Experiment, dataset_box: list[Any], run_dir: str | None, resume: bool = False
     ) -> None:
         rt = exp.config.runtime
-        # Evaluation runs here while the workers wait between rounds: use the node's cores.
+        # Aggregation and the algorithm's server step run here while the workers wait
+        # (evaluation runs on the workers, `RayBackend.evaluate_central`): the node's cores.
         torch.set_num_threads(rt.threads or len(os.sched_getaffinity(0)))
         tune_allocator()
         dataset_ref = dataset_box[0]  # boxed so it arrives as a reference, not a copy
