@@ -340,7 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown cell(s) {unknown}; see --list")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    done = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     records = []
     for key in args.cells:
         for method in args.methods:
@@ -354,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
                     args.normalizer,
                 )
                 records.append(rec)
-                done.append(rec)
-                RESULTS.write_text(json.dumps(done, indent=1))
+                # read just before writing: another invocation may have added runs since
+                done = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+                RESULTS.write_text(json.dumps([*done, rec], indent=1))
                 if not args.no_record:
                     record_row(rec, args)
                 print(
