@@ -168,6 +168,16 @@ def append_rows(rows: Iterable[dict[str, Any]], path: Path | None = None) -> Pat
     return path
 
 
+def append_json(path: Path, entry: dict[str, Any]) -> None:
+    """Adds `entry` to the JSON list in `path` (a runner's own dump under
+    benchmarks/results/), reading the file just before writing it: runners that run at
+    the same time keep each other's entries (a list read once at start and rewritten after
+    every run dropped them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = json.loads(path.read_text()) if path.exists() else []
+    path.write_text(json.dumps([*done, entry], indent=1))
+
+
 def record(**fields: Any) -> None:
     """Appends one row unless recording is off (``RAYDPFL_REPRO_RESULTS=off``)."""
     if os.environ.get(ENV_VAR, "").lower() == "off":

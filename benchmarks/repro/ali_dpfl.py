@@ -22,7 +22,6 @@ one row per run, to the reproduction record benchmarks/repro/results.jsonl (`_re
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -339,7 +338,6 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in args.cells if k not in by_key]
     if unknown:
         p.error(f"unknown cell(s) {unknown}; see --list")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     records = []
     for key in args.cells:
         for method in args.methods:
@@ -353,9 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.normalizer,
                 )
                 records.append(rec)
-                # read just before writing: another invocation may have added runs since
-                done = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-                RESULTS.write_text(json.dumps([*done, rec], indent=1))
+                _record.append_json(RESULTS, rec)
                 if not args.no_record:
                     record_row(rec, args)
                 print(

@@ -25,7 +25,6 @@ nearest published cell's only where ε and the ratio are the paper's.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -173,14 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    done = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     for ratio in args.ratios:
         for method in args.methods:
             for seed in args.seeds:
                 rec = run(args, ratio, method, seed)
-                done.append(rec)
-                RESULTS.write_text(json.dumps(done, indent=1))
+                _record.append_json(RESULTS, rec)
                 changes = [f"R_s = R_c·{ratio} at eps = {args.epsilon:g}"]
                 if repro.METHODS[method][0] == "ali_dpfl":
                     if args.gamma != 10.0:

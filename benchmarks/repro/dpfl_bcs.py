@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -422,9 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     known = {label: (algo, mech) for label, algo, mech in RUNS}
-    records = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     this_run: list[dict[str, Any]] = []
     for label in TABLE1_RUNS if args.table1 else args.runs:
         algo, mech = known[label]
@@ -455,9 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         print_record(rec, args.dataset)
         sys.stdout.flush()
-        records.append(rec)
         this_run.append(rec)
-        RESULTS.write_text(json.dumps(records, indent=1))
+        _record.append_json(RESULTS, rec)
         if not args.no_record:
             record_row(rec, args)
     if args.table1:

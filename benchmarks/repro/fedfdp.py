@@ -25,7 +25,6 @@ record benchmarks/repro/results.jsonl (`_record.py`; `--no-record` skips it).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -382,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown cell(s) {unknown}; see --list")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    done = json.loads(args.out.read_text()) if args.out.exists() else []
     records = []
     for key in args.cells:
         cell = BY_KEY[key]
@@ -392,8 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 rec = run_cell(cell, method, seed, args.max_rounds, args.eval_every)
                 records.append(rec)
-                done.append(rec)
-                args.out.write_text(json.dumps(done, indent=1))
+                _record.append_json(args.out, rec)
                 if not args.no_record:
                     record_row(rec, args)
                 print(

@@ -426,13 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         print(table(records))
         return 0
     out = RESULTS_DIR / args.out
-    records = json.loads(out.read_text()) if out.exists() else []
     for eps in args.epsilons:
         for method in args.methods:
             for seed in args.seeds:
                 rec = run_one(args.setting, method, eps, seed, args)
-                records.append(rec)
-                out.write_text(json.dumps(records, indent=1))
+                _record.append_json(out, rec)
                 if not args.no_record:
                     record_rows(rec, args)
                 print(
@@ -444,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     flush=True,
                 )
-    print(table(records))
+    print(table(json.loads(out.read_text())))
     return 0
 
 

@@ -236,3 +236,14 @@ def test_the_committed_record_is_valid_and_regenerated():
             assert row["source"].startswith("README (commit ")
     record = _load("record")
     assert record.main(["--check"]) == 0, "run python benchmarks/repro/record.py"
+
+
+def test_a_runners_json_dump_keeps_the_entries_of_a_runner_beside_it(rec, tmp_path):
+    """Two invocations appending to one dump (benchmarks/results/<runner>.json) keep each
+    other's entries: each append reads the file just before writing it."""
+    dump = tmp_path / "results" / "ali_dpfl_repro.json"
+    rec.append_json(dump, {"run": "a1"})  # invocation A's first run (makes the folder)
+    rec.append_json(dump, {"run": "b1"})  # invocation B, started meanwhile
+    rec.append_json(dump, {"run": "a2"})  # A again: B's entry stays
+
+    assert json.loads(dump.read_text()) == [{"run": "a1"}, {"run": "b1"}, {"run": "a2"}]
