@@ -15,6 +15,7 @@ The per-sampler stream formats are in `raydpfl.privacy.ziggurat` and
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 
@@ -45,6 +46,7 @@ class CounterNoiseGenerator(torch.Generator):
         raise NotImplementedError
 
 
+@functools.cache  # looked up per noise tensor: resolve the module once, not per call
 def kernel_fill(module: str, sampler: str) -> Callable[..., None]:
     """The compiled ``fill`` of kernel `module`: numba is imported, and the kernel
     compiled (or loaded from its on-disk cache), on first use only."""
