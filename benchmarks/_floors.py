@@ -493,7 +493,7 @@ def _per_sample_trainer(plan: BatchPlan) -> PartialTrainer:
                 summed = {n: torch.zeros_like(p) for n, p in params.items()}
             gen.set_state(step.noise_state)
             for n, p in params.items():
-                if plan.noise_sampler != "torch":  # its stream: std applied in float64
+                if plan.noise_sampler != "torch":  # its stream: std applied by the sampler
                     s = summed[n].add_(counter_noise.normal(p.shape, noise_std, gen, p.dtype))
                 else:
                     s = summed[n].add_(torch.randn(p.shape, generator=gen), alpha=noise_std)

@@ -1,6 +1,6 @@
 """Where a W1 round's time goes: raydpfl's local backend, one process, one thread.
 
-    python benchmarks/profile_w1.py [--rounds 7] [--config configs/w1.yaml]
+    python benchmarks/profile_w1.py [--rounds 7] [--config configs/w1.yaml] [KEY=VALUE ...]
 
 Wraps the hot functions of the training path with wall-clock timers (each part's own
 time, nested parts subtracted), runs W1 for R rounds and prints a table of seconds per
@@ -63,7 +63,9 @@ def _instrument() -> None:
     def layer(rec: Any, *_: Any) -> str:
         return type(rec.module).__name__
 
-    _wrap(bk, "functional_call", "forward (functional_call; hooks record inputs)")
+    # the forward pass with its recording hooks (the rest of `_norms_and_losses`, whose
+    # backward and norm rules are timed on their own below)
+    _wrap(bk.BookkeepingClipping, "_norms_and_losses", "forward (hooks record inputs)")
     _wrap(torch.autograd, "grad", "backward to the layer outputs")
     _wrap(bk, "_positions", "patch extraction (Conv2d unfold)")
     _wrap(bk, "_norm_sq", None, lambda rec, *a: f"per-sample norms: {layer(rec)}")
@@ -84,6 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--config", default=str(ROOT / "configs" / "w1.yaml"))
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides, e.g. privacy.noise_sampler=boxmuller (the W1/W2 benchmarks')",
+    )
     args = ap.parse_args(argv)
     if args.rounds < 3:
         ap.error("--rounds must be at least 3")
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
 
     _instrument()
     overrides = ["runtime.backend=local", "runtime.cpus_per_worker=1", "runtime.threads=1"]
-    overrides += ["runtime.device=cpu", f"algorithm.rounds={args.rounds}"]
+    overrides += ["runtime.device=cpu", f"algorithm.rounds={args.rounds}", *args.overrides]
     exp = build_experiment(load_config(args.config, overrides))
     stamps: list[float] = []
     usage: list[Any] = []

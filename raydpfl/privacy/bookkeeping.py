@@ -29,9 +29,12 @@ Layer rules (B samples; a layer with T positions has A_i ∈ R^{T×p}, G_i ∈ R
 
 Where the per-sample weight gradients are formed (FedAvgCNN's two convolutions), the
 weighted sum is a matrix-vector product with the weights, and the per-sample bias
-gradients are kept too. Conv2d patches are cut from a channels-last copy of the input
-(p ordered (k_h, k_w, C_in), reordered once for the summed weight), several times
-faster than im2col. Every large temporary has the same shape from step to step; the
+gradients are kept too. Conv2d patches are cut by one strided copy, several times
+faster than im2col: from a channels-last copy of the input (p ordered (k_h, k_w, C_in),
+reordered once for the summed weight; contiguous runs of k_w·C_in values), or, when an
+output row is longer than that (few input channels: FedAvgCNN's conv1), from the
+channels-first input (runs of an output row; the per-sample gradient is then formed as
+(p, q)). Every large temporary has the same shape from step to step; the
 backends keep freed blocks in the heap (`raydpfl.backends.allocator`) so that they are
 reused instead of being faulted in again.
 
@@ -121,6 +124,9 @@ class _Record:
     # The per-sample bias gradients (B, q) of a Conv2d or (B, T, p) Linear, kept from the
     # norm rule for the same reason.
     per_sample_bias: torch.Tensor | None = None
+    # A Conv2d's per_sample is (B, p, q) with p in the weight's (C_in, k_h, k_w) order
+    # (from channels-first patches, `_conv_patches_cf`) instead of (B, q, p).
+    per_sample_pq: bool = False
 
 
 class BookkeepingClipping:
@@ -282,13 +288,44 @@ def _conv_patches(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
     return view.reshape(b, ho * wo, kh * kw * c)
 
 
+def _conv_patches_cf(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """The unfolded input patches (B, C_in·k_h·k_w, T), p in the weight's (C_in, k_h, k_w)
+    order (`F.unfold`'s layout), cut from a contiguous (N, C, H, W) input by one strided
+    view and one copy whose inner runs are an output row (W_out values when the stride
+    along W is 1). For few input channels and wide outputs (FedAvgCNN's conv1: 1 channel,
+    rows of 24) these runs are far longer than `_conv_patches`' k_w·C_in (5): ~7x faster
+    at a batch of 30, and the (B, p, q) product after it is ~1.4x faster too."""
+    pad = m._reversed_padding_repeated_twice
+    if any(pad):
+        a = F.pad(a, pad)
+    if not a.is_contiguous():
+        a = a.contiguous()
+    b, c, h, w = a.shape
+    sb, sc, sh, sw = a.stride()
+    (kh, kw), (dh, dw), (th, tw) = m.kernel_size, m.dilation, m.stride
+    ho, wo = (h - dh * (kh - 1) - 1) // th + 1, (w - dw * (kw - 1) - 1) // tw + 1
+    view = a.as_strided((b, c, kh, kw, ho, wo), (sb, sc, sh * dh, sw * dw, sh * th, sw * tw))
+    return view.reshape(b, c * kh * kw, ho * wo)
+
+
+def _channels_first_pays(m: nn.Conv2d, out_width: int) -> bool:
+    """Whether `_conv_patches_cf`'s contiguous runs (an output row, if the stride along W
+    is 1) are longer than `_conv_patches`' (k_w·C_in, if the dilation along W is 1)."""
+    cf_run = out_width if m.stride[1] == 1 else 1
+    cl_run = m.kernel_size[1] * m.in_channels if m.dilation[1] == 1 else m.in_channels
+    return cf_run > cl_run
+
+
 def _as_weight(rec: _Record, flat: torch.Tensor, lead: tuple[int, ...] = ()) -> torch.Tensor:
     """A contraction of `rec.per_sample` over samples, (*lead, q·p) values in its
-    (q, p) order, laid out as (*lead, *weight.shape)."""
+    (q, p) order (or (p, q) order, `per_sample_pq`), laid out as (*lead, *weight.shape)."""
     m = rec.module
     if isinstance(m, nn.Conv2d):
         q, c, kh, kw = m.weight.shape
         nd = len(lead)
+        if rec.per_sample_pq:
+            out = flat.reshape(*lead, c, kh, kw, q)
+            return out.permute(*range(nd), nd + 3, nd, nd + 1, nd + 2).contiguous()
         out = flat.reshape(*lead, q, kh, kw, c)
         return out.permute(*range(nd), nd, nd + 3, nd + 1, nd + 2).contiguous()
     return flat.reshape(*lead, *m.weight.shape)
@@ -310,17 +347,26 @@ def _norm_sq(rec: _Record) -> torch.Tensor:
         g_sq = g.pow(2).sum(1)
         out = g_sq * rec.inputs.pow(2).sum(1)
         return out + g_sq if m.bias is not None else out
-    a_mat, g_mat = _positions(rec)
-    t, p, q = a_mat.shape[1], a_mat.shape[2], g_mat.shape[2]
+    conv = isinstance(m, nn.Conv2d)
+    if conv:  # T output positions, p = C_in·k_h·k_w, q = C_out
+        t, p, q = g.shape[2] * g.shape[3], m.weight[0].numel(), g.shape[1]
+    else:
+        t, p, q = rec.inputs[0].numel() // rec.inputs.shape[-1], rec.inputs.shape[-1], g.shape[-1]
     if t * t * (p + q) < t * p * q:  # ghost norm: ⟨A Aᵀ, G Gᵀ⟩
+        a_mat, g_mat = _positions(rec)
         out = (
             torch.bmm(a_mat, a_mat.transpose(1, 2)) * torch.bmm(g_mat, g_mat.transpose(1, 2))
         ).sum((1, 2))
+    elif conv and _channels_first_pays(m, g.shape[3]):  # form it as (B, p, q)
+        rec.per_sample = torch.bmm(_conv_patches_cf(m, rec.inputs), g.flatten(2).transpose(1, 2))
+        rec.per_sample_pq = True
+        out = _sq_norms(rec.per_sample)
     else:  # the per-sample weight gradient is small: form it (and keep it)
+        a_mat, g_mat = _positions(rec)
         rec.per_sample = torch.bmm(g_mat.transpose(1, 2), a_mat)
         out = _sq_norms(rec.per_sample)
     if m.bias is not None:
-        bias = g.flatten(2).sum(2) if isinstance(m, nn.Conv2d) else g_mat.sum(1)
+        bias = g.flatten(2).sum(2) if conv else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)
         if rec.per_sample is not None:
             rec.per_sample_bias = bias
         out = out + bias.pow(2).sum(1)

@@ -47,11 +47,11 @@ class CounterNoiseGenerator(torch.Generator):
 
 
 @functools.cache  # looked up per noise tensor: resolve the module once, not per call
-def kernel_fill(module: str, sampler: str) -> Callable[..., None]:
-    """The compiled ``fill`` of kernel `module`: numba is imported, and the kernel
-    compiled (or loaded from its on-disk cache), on first use only."""
+def kernel_fill(module: str, sampler: str, name: str = "fill") -> Callable[..., None]:
+    """The compiled `name` (default ``fill``) of kernel `module`: numba is imported, and
+    the kernel compiled (or loaded from its on-disk cache), on first use only."""
     try:
-        return importlib.import_module(module).fill
+        return getattr(importlib.import_module(module), name)
     except ImportError as e:  # pragma: no cover - numba is a dependency
         raise RuntimeError(
             f"privacy.noise_sampler: {sampler} needs numba (pip install numba)"

@@ -78,6 +78,42 @@ def test_bookkeeping_equals_materialised_per_sample_gradients(name):
         torch.testing.assert_close(into[k] - base[k], expected[k], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "conv, channels_first",
+    [
+        (dict(in_channels=1, out_channels=4, kernel_size=5), True),  # FedAvgCNN's conv1
+        (dict(in_channels=3, out_channels=4, kernel_size=3, padding=1), True),
+        (dict(in_channels=2, out_channels=3, kernel_size=3, dilation=2, bias=False), True),
+        (dict(in_channels=1, out_channels=4, kernel_size=3, stride=(1, 2)), False),
+        (dict(in_channels=8, out_channels=4, kernel_size=3, padding=1), False),
+        (dict(in_channels=2, out_channels=3, kernel_size=(3, 2), stride=(2, 1)), True),
+    ],
+)
+def test_both_conv_patch_layouts_give_the_per_sample_weighted_sum(conv, channels_first):
+    """Channels-first patches (long output rows) and channels-last ones (k_w·C_in runs)
+    form the per-sample weight gradients in different orders; both give vmap's norms and
+    weighted sum, through any padding, stride and dilation."""
+    torch.manual_seed(0)
+    layer = nn.Conv2d(**conv)
+    model = nn.Sequential(layer, nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
+    x = torch.randn(7, conv["in_channels"], 12, 11)
+    model(x)  # materialises the lazy head
+    y = torch.randint(0, 3, (7,))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    engine, vmap_engine = BookkeepingClipping(model), PerSampleGradients(model)
+    norms = per_sample_norms(vmap_engine.grads(params, x, y))
+    _, records = engine._norms(params, x, y)
+    assert records[0].per_sample is not None
+    assert records[0].per_sample_pq is channels_first
+    torch.testing.assert_close(engine.norms(params, x, y), norms, rtol=1e-4, atol=1e-6)
+    rule = lambda n: clip_weights(n, float(norms.median()))  # noqa: E731
+    expected, _ = vmap_engine.clipped_sum(params, x, y, rule)
+    actual, _ = engine.clipped_sum(params, x, y, rule)
+    for k in expected:
+        assert actual[k].shape == expected[k].shape
+        torch.testing.assert_close(actual[k], expected[k], rtol=1e-4, atol=1e-5)
+
+
 def test_any_weight_rule_gives_the_same_weighted_sum():
     model, shape, classes = _case("fedavg_cnn")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}

@@ -54,8 +54,15 @@ def _normal(sampler: str, seed: int, n: int, std: float = 1.0, dtype=torch.float
     return counter_noise.normal((n,), std, _gen(sampler, seed), dtype)
 
 
-def _draws(sampler: str, seed: int, n: int = N, std: float = 1.0) -> np.ndarray:
-    return _normal(sampler, seed, n, std).numpy()
+def _draws(
+    sampler: str, seed: int, n: int = N, std: float = 1.0, dtype=torch.float64
+) -> np.ndarray:
+    """Draws as float64 numpy values (a float32 tensor's values widened exactly)."""
+    return _normal(sampler, seed, n, std, dtype).numpy().astype(np.float64)
+
+
+#: Both dtypes: Box-Muller computes float32 tensors with their own float32 arithmetic.
+DTYPES = pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 
 
 def test_both_counter_samplers_are_covered(sampler):
@@ -85,9 +92,10 @@ def test_the_registry_matches_the_config(sampler):
     assert cfg.experiment.privacy.noise_sampler == sampler
 
 
+@DTYPES
 @pytest.mark.parametrize("std", [1.0, 2.5])
-def test_draws_are_normal_with_the_requested_std(sampler, std):
-    x = _draws(sampler, 1, std=std)
+def test_draws_are_normal_with_the_requested_std(sampler, std, dtype):
+    x = _draws(sampler, 1, std=std, dtype=dtype)
     assert stats.kstest(x / std, "norm").statistic < KS_BOUND
     assert abs(x.mean()) / (std / math.sqrt(N)) < Z_BOUND
     # sample variance ~ N(std², 2std⁴/n); skewness ~ N(0, 6/n); excess kurtosis ~ N(0, 24/n)
@@ -96,9 +104,10 @@ def test_draws_are_normal_with_the_requested_std(sampler, std):
     assert abs(stats.kurtosis(x)) / math.sqrt(24 / N) < Z_BOUND
 
 
-def test_a_chi_square_over_the_whole_line(sampler):
+@DTYPES
+def test_a_chi_square_over_the_whole_line(sampler, dtype):
     """200 equiprobable bins of the normal over 4M draws."""
-    x = np.concatenate([_draws(sampler, seed) for seed in (2, 3, 4, 5)])
+    x = np.concatenate([_draws(sampler, seed, dtype=dtype) for seed in (2, 3, 4, 5)])
     edges = stats.norm.ppf(np.linspace(0, 1, 201))
     observed, _ = np.histogram(x, bins=edges)
     assert observed.sum() == x.size
@@ -113,19 +122,20 @@ def test_signs_are_balanced_and_independent_of_magnitude(sampler):
         assert abs(k - part.size / 2) / math.sqrt(part.size / 4) < Z_BOUND
 
 
-def test_draws_are_uncorrelated_within_and_across_derived_streams(sampler):
+@DTYPES
+def test_draws_are_uncorrelated_within_and_across_derived_streams(sampler, dtype):
     """Lag-1..3 autocorrelation within a stream, and the correlation between the
     streams of consecutive seeds and of successive calls on one generator: each
     ~ N(0, 1/n) for independent draws; the same for the squares (a dependence in
     magnitude: a reused layer index or radius)."""
     n = 200_000
-    a = _draws(sampler, 7, n)
+    a = _draws(sampler, 7, n, dtype=dtype)
     for lag in (1, 2, 3):
         assert abs(np.corrcoef(a[:-lag], a[lag:])[0, 1]) * math.sqrt(n) < Z_BOUND
         r2 = np.corrcoef(a[:-lag] ** 2, a[lag:] ** 2)[0, 1]
         assert abs(r2) * math.sqrt(n) < Z_BOUND
     for seed in (8, 9):
-        b = _draws(sampler, seed, n)
+        b = _draws(sampler, seed, n, dtype=dtype)
         assert abs(np.corrcoef(a, b)[0, 1]) * math.sqrt(n) < Z_BOUND
         assert abs(np.corrcoef(a**2, b**2)[0, 1]) * math.sqrt(n) < Z_BOUND
     g = _gen(sampler, 10)
@@ -150,7 +160,12 @@ def test_the_stream_is_reproducible_and_the_dtypes_agree(sampler):
     b = _normal(sampler, 12, 5001, 1.5)
     c = _normal(sampler, 12, 5001, 1.5, torch.float32)
     assert torch.equal(a, b)
-    assert torch.equal(c, a.float())  # computed in float64, rounded once
+    assert torch.equal(c, _normal(sampler, 12, 5001, 1.5, torch.float32))
+    if sampler == "ziggurat":
+        assert torch.equal(c, a.float())  # computed in float64, rounded once
+    else:  # float32 arithmetic of the same pairs (boxmuller's docstring, step 5)
+        assert not torch.equal(c, a.float())
+        torch.testing.assert_close(c.double(), a, rtol=0, atol=5e-7 * 1.5 * 8.66)
     assert not torch.equal(a, _normal(sampler, 13, 5001, 1.5))
     # the std is applied in float64: the ziggurat multiplies the unit value, Box-Muller
     # the radius (std·ρ)·cos, which equals std × the unit draw to an ulp
