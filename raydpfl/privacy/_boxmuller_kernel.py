@@ -1,5 +1,7 @@
 """The compiled loops of `raydpfl.privacy.boxmuller` (its docstring has the stream format):
-`fill` for float64 tensors, `fill32` for float32 ones.
+`fill` for float64 tensors, `fill32` for float32 ones, and `add`/`add32`, which add the
+same values into a tensor instead of writing them (out[j] + z_j, one rounding: the bits
+of ``out + fill(...)``).
 
 Every operation is branch-free IEEE arithmetic (no libm call, no fast-math, so no fused
 multiply-adds), so LLVM vectorises the loops and the bits do not depend on the CPU's
@@ -116,6 +118,21 @@ def fill(out, seed, std):
         out[n - 1] = r * c
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def add(out, seed, std):
+    """Adds `fill`'s values to the 1-d float64 array `out` in place."""
+    key = mix(u64(seed) + u64(GOLDEN))
+    n = out.shape[0]
+    pairs = n // 2
+    for j in range(pairs):
+        r, c, s = pair(key, j, std)
+        out[j] += r * c
+        out[pairs + j] += r * s
+    if n > 2 * pairs:
+        r, c, s = pair(key, pairs, std)
+        out[n - 1] += r * c
+
+
 # ---- float32 -----------------------------------------------------------------------
 # Constants are float64 literals rounded once to float32 (np.float32(x)); the numpy
 # rebuild of the stream in the tests uses the same roundings.
@@ -201,3 +218,20 @@ def fill32(out, seed, std):
     if n > 2 * pairs:
         r, c, s = pair32(key, pairs, sd)
         out[n - 1] = r * c
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def add32(out, seed, std):
+    """Adds `fill32`'s values to the 1-d float32 array `out` in place: the noisy update
+    p ← p + (−lr/B)·σC·z without a noise tensor (`raydpfl.privacy.dpsgd.dp_sgd_step_`)."""
+    key = mix(u64(seed) + u64(GOLDEN))
+    sd = f32(std)
+    n = out.shape[0]
+    pairs = n // 2
+    for j in range(pairs):
+        r, c, s = pair32(key, j, sd)
+        out[j] += r * c
+        out[pairs + j] += r * s
+    if n > 2 * pairs:
+        r, c, s = pair32(key, pairs, sd)
+        out[n - 1] += r * c

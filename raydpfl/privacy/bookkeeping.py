@@ -166,20 +166,38 @@ class BookkeepingClipping:
         weight_rule: WeightRule,
         *,
         into: Params | None = None,
+        scale: float = 1.0,
     ) -> tuple[Params, StepStats]:
         """Σ_i a_i ∇ℓ_i with a_i = weight_rule(‖∇ℓ_i‖), plus step statistics.
 
         A `raydpfl.privacy.dpsgd.LossWeightRule` gets a_i = weight_rule(‖∇ℓ_i‖, ℓ_i),
         the per-sample losses of the same forward pass. With `into` the sum is added to
         those tensors in place (a Linear layer's weight sum accumulates inside its GEMM)
-        and they are returned."""
+        and they are returned; `scale` multiplies the sum before it is added (only with
+        `into`). `into` may be the parameters themselves (`dp_sgd_step_`'s fused update)
+        when the batch fits one chunk (`max_chunk`): every layer's sum is formed after
+        the chunk's forward and backward passes, from its records alone."""
+        if scale != 1.0 and into is None:
+            raise ValueError("clipped_sum: scale needs `into`")
         if self._fallback is None:
             try:
-                return self._clipped_sum(params, x, y, weight_rule, into)
+                return self._clipped_sum(params, x, y, weight_rule, into, scale)
             except SharedLayerError as e:  # raised before anything was added to `into`
                 self._use_fallback(e)
         assert self._fallback is not None
-        return self._fallback.clipped_sum(params, x, y, weight_rule, into=into)
+        if scale == 1.0:
+            return self._fallback.clipped_sum(params, x, y, weight_rule, into=into)
+        summed, stats = self._fallback.clipped_sum(params, x, y, weight_rule)
+        assert into is not None
+        for name, part in summed.items():
+            into[name].add_(part, alpha=scale)
+        return into, stats
+
+    @property
+    def fuses_into_params(self) -> bool:
+        """Whether `clipped_sum` can add a scaled sum into the parameters themselves
+        (`dp_sgd_step_`'s fused update): the book-keeping rules, not the fallback."""
+        return self._fallback is None
 
     def _use_fallback(self, error: SharedLayerError) -> None:
         warnings.warn(
@@ -196,6 +214,7 @@ class BookkeepingClipping:
         y: torch.Tensor,
         weight_rule: WeightRule,
         into: Params | None,
+        scale: float = 1.0,
     ) -> tuple[Params, StepStats]:
         # Without `into`, each parameter's first contribution is a fresh tensor that is
         # kept: no zero-filled accumulator (a second chunk adds to it).
@@ -208,7 +227,7 @@ class BookkeepingClipping:
             args = (norms, losses) if with_losses else (norms,)
             weights = weight_rule(*args)  # type: ignore[call-arg]
             for rec in records:
-                _add_weighted_grads(rec, weights, total)
+                _add_weighted_grads(rec, weights, total, scale)
             stats = torch.stack([(weights < 1.0).sum().to(norms.dtype), norms.sum()]).tolist()
             clipped += int(stats[0])
             norm_sum += stats[1]
@@ -381,9 +400,12 @@ def _groupnorm_per_sample(rec: _Record) -> tuple[torch.Tensor, torch.Tensor]:
     return (g * x_hat).sum(dims), g.sum(dims)
 
 
-def _add_weighted_grads(rec: _Record, weights: torch.Tensor, total: Params) -> None:
-    """Adds Σ_i a_i ∇θ ℓ_i for the layer's parameters to `total` (keyed by full names),
-    in place where `total` has the name, as a fresh tensor where it has not."""
+def _add_weighted_grads(
+    rec: _Record, weights: torch.Tensor, total: Params, scale: float = 1.0
+) -> None:
+    """Adds scale·Σ_i a_i ∇θ ℓ_i for the layer's parameters to `total` (keyed by full
+    names), in place where `total` has the name, as a fresh tensor (scale 1 only) where it
+    has not."""
     m, g = rec.module, rec.grad
     assert g is not None
     prefix = f"{rec.prefix}." if rec.prefix else ""
@@ -416,7 +438,7 @@ def _add_weighted_grads(rec: _Record, weights: torch.Tensor, total: Params) -> N
             a2, g2 = rec.inputs.reshape(-1, rec.inputs.shape[-1]), gw.reshape(-1, gw.shape[-1])
             acc = total.get(prefix + "weight")
             if acc is not None:
-                acc.addmm_(g2.t(), a2)
+                acc.addmm_(g2.t(), a2, alpha=scale)
             else:
                 out["weight"] = g2.t() @ a2
             if m.bias is not None:
@@ -424,6 +446,7 @@ def _add_weighted_grads(rec: _Record, weights: torch.Tensor, total: Params) -> N
     for k, v in out.items():
         name = prefix + k
         if name in total:
-            total[name].add_(v)
+            total[name].add_(v, alpha=scale)
         else:
+            assert scale == 1.0  # `clipped_sum` only scales into given tensors
             total[name] = v

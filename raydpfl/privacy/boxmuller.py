@@ -67,6 +67,13 @@ def _fill(out: np.ndarray, seed: int, std: float) -> None:
     )
 
 
+def _add(out: np.ndarray, seed: int, std: float) -> None:
+    kernel = "add32" if out.dtype == np.float32 else "add"  # out + _fill's values
+    kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller", kernel)(
+        out, np.uint64(seed), float(std)
+    )
+
+
 class BoxMullerGenerator(CounterNoiseGenerator):
     """A client's stream when ``privacy.noise_sampler`` is ``boxmuller``: a CPU
     `torch.Generator` (seeded by the caller as any client stream) whose Gaussian noise
@@ -74,3 +81,4 @@ class BoxMullerGenerator(CounterNoiseGenerator):
 
     sampler = "boxmuller"
     fill = staticmethod(_fill)
+    add = staticmethod(_add)

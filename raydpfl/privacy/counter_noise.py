@@ -45,6 +45,11 @@ class CounterNoiseGenerator(torch.Generator):
         stream keyed by `seed`."""
         raise NotImplementedError
 
+    #: Optional: ``add(out, seed, std)`` adds `fill`'s values to `out` in place, in one
+    #: rounding per value (bit for bit ``out + fill``); without it, `add_normal_` fills
+    #: a temporary and adds it.
+    add: Callable[[np.ndarray, int, float], None] | None = None
+
 
 @functools.cache  # looked up per noise tensor: resolve the module once, not per call
 def kernel_fill(module: str, sampler: str, name: str = "fill") -> Callable[..., None]:
@@ -91,6 +96,29 @@ def fill_normal_(out: torch.Tensor, std: float, generator: CounterNoiseGenerator
         generator.fill(flat.numpy(), seed, std)
         out.copy_(flat.view(out.shape))
     return out
+
+
+def add_normal_(
+    out: torch.Tensor, std: float, generator: CounterNoiseGenerator, seed: int | None = None
+) -> torch.Tensor:
+    """Adds N(0, std²) from `generator`'s sampler to the CPU tensor `out` in place: the
+    values `fill_normal_` would draw, keyed by one draw of the torch stream, or by
+    `seed` when the caller drew it already (`draw_seed`); returns `out`. With a sampler
+    that has an ``add`` kernel no noise tensor is formed."""
+    name = generator.sampler
+    if out.device.type != "cpu" or out.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"the {name} sampler adds to float32/float64 CPU tensors; got {out}")
+    if seed is None:
+        seed = draw_seed(generator)
+    if out.numel() == 0:
+        return out
+    add = type(generator).add
+    if add is not None and out.is_contiguous():
+        add(out.numpy().reshape(-1), seed, std)
+        return out
+    noise = torch.empty(out.numel(), dtype=out.dtype)
+    generator.fill(noise.numpy(), seed, std)
+    return out.add_(noise.view(out.shape))
 
 
 def normal(

@@ -328,15 +328,45 @@ def dp_sgd_step_(
     per tensor. The privacy argument is unchanged: the update is a post-processing of
     Σ a_i g_i + N(0, σ²C²I). The engine does not draw from `generator`, so drawing the
     noise before the sum leaves every draw where `dp_sgd_gradient` makes it.
+
+    With a sampler that adds in place (``privacy.noise_sampler: boxmuller``) and the
+    book-keeping engine, no noise tensor is formed at all (`_fuses_update`): the step's
+    seeds are drawn first, in the same order, the engine adds −(lr/B)·s into the
+    parameters inside its products and the sampler adds −(lr/B)·z into them in its own
+    pass, p ← (p − (lr/B)·s) − (lr/B)·z: the same values up to float rounding, two
+    passes over each parameter instead of five (the noise tensor's write, the sum
+    into it, the update), ~0.2 ms of a FedAvgCNN step on one core.
     """
     rule = _checked_rule(clip_norm, noise_multiplier, expected_batch_size, weight_rule)
     std = noise_multiplier * clip_norm
+    scale = lr / expected_batch_size
+    if std > 0 and _fuses_update(engine, x, generator):
+        # No noise tensor: the seeds are drawn first (the draws the unfused path makes,
+        # in the same order), the engine adds −(lr/B)·s into the parameters inside its
+        # products, and the sampler adds −(lr/B)·σC·z into them in its own pass.
+        seeds = [counter_noise.draw_seed(generator) for _ in params]
+        _, stats = engine.clipped_sum(params, x, y, rule, into=params, scale=-scale)  # type: ignore[call-arg]
+        for p, seed in zip(params.values(), seeds, strict=True):
+            counter_noise.add_normal_(p, -scale * std, generator, seed)  # type: ignore[arg-type]
+        return stats
     noise = {n: gaussian_like(p, std, generator) for n, p in params.items()} if std > 0 else None
     summed, stats = engine.clipped_sum(params, x, y, rule, into=noise)
-    scale = lr / expected_batch_size
     for name, s in summed.items():  # the engine returns the caller's parameter order
         params[name].add_(s, alpha=-scale)
     return stats
+
+
+def _fuses_update(engine: ClippedSumEngine, x: torch.Tensor, generator: torch.Generator) -> bool:
+    """Whether `dp_sgd_step_` may skip the noise tensor: a counter-based sampler with an
+    ``add`` kernel (``privacy.noise_sampler: boxmuller``), and an engine that adds a
+    scaled sum into the parameters themselves within one chunk (the book-keeping
+    engine; a wrapped engine, e.g. an audit's, takes the noise tensor as before)."""
+    return (
+        counter_noise.is_counter_noise(generator)
+        and type(generator).add is not None  # type: ignore[attr-defined]
+        and getattr(engine, "fuses_into_params", False)
+        and x.shape[0] <= getattr(engine, "max_chunk", 0)
+    )
 
 
 def _checked_rule(

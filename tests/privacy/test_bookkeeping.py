@@ -1,5 +1,7 @@
 """The book-keeping engine must give the materialised (torch.func) engine's update."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -112,6 +114,37 @@ def test_both_conv_patch_layouts_give_the_per_sample_weighted_sum(conv, channels
     for k in expected:
         assert actual[k].shape == expected[k].shape
         torch.testing.assert_close(actual[k], expected[k], rtol=1e-4, atol=1e-5)
+
+
+def test_a_scaled_sum_is_added_into_given_tensors_on_both_paths():
+    """`scale` multiplies the sum added into `into` (the fused DP-SGD update adds
+    −(lr/B)·s into the parameters), on the book-keeping rules and on the vmap fallback
+    a shared layer hands the model to; without `into` it is refused."""
+
+    class Twice(nn.Module):  # one layer called twice: the fallback
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.inner(torch.relu(self.inner(x)))
+
+    torch.manual_seed(0)
+    for model, x in ((_Mixed(), torch.randn(5, 1, 14, 14)), (Twice(), torch.randn(5, 4))):
+        y = torch.randint(0, 4, (5,))
+        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        rule = lambda n: clip_weights(n, 0.7)  # noqa: E731
+        expected, _ = PerSampleGradients(model).clipped_sum(params, x, y, rule)
+        engine = BookkeepingClipping(model)
+        into = {k: torch.full_like(p, 0.5) for k, p in params.items()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the fallback's notice
+            engine.clipped_sum(params, x, y, rule, into=into, scale=-0.25)
+        for k in expected:
+            torch.testing.assert_close(into[k], 0.5 - 0.25 * expected[k], rtol=1e-5, atol=1e-6)
+        assert engine.fuses_into_params is (model.__class__ is _Mixed)
+        with pytest.raises(ValueError, match="scale needs `into`"):
+            engine.clipped_sum(params, x, y, rule, scale=2.0)
 
 
 def test_any_weight_rule_gives_the_same_weighted_sum():

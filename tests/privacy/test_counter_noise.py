@@ -176,6 +176,36 @@ def test_the_stream_is_reproducible_and_the_dtypes_agree(sampler):
     torch.testing.assert_close(d, unit * 3.0, rtol=1e-14, atol=0)
 
 
+@DTYPES
+def test_add_normal_adds_what_fill_normal_draws(sampler, dtype):
+    """`add_normal_` adds the values `fill_normal_` draws from the same state (one
+    rounding per value: bit for bit ``out + draws``), takes the same single draw, or
+    none with a given seed; views and empty tensors too."""
+    base = torch.randn(7, 9, dtype=dtype)
+    g, ref = _gen(sampler, 15), _gen(sampler, 15)
+    out = base.clone()
+    assert counter_noise.add_normal_(out, 1.3, g) is out
+    assert torch.equal(out, base + counter_noise.normal(base.shape, 1.3, ref, dtype))
+    assert torch.equal(g.get_state(), ref.get_state())
+    seed = counter_noise.draw_seed(_gen(sampler, 16))
+    g = _gen(sampler, 16)
+    seeded = counter_noise.add_normal_(base.clone(), 1.3, g, seed=seed)
+    assert torch.equal(g.get_state(), _gen(sampler, 16).get_state())  # no draw taken
+    assert torch.equal(
+        seeded, base + counter_noise.normal(base.shape, 1.3, _gen(sampler, 16), dtype)
+    )
+    view = base.clone()[:, ::2]  # not contiguous: through a temporary
+    want = view + counter_noise.normal(view.shape, 1.3, _gen(sampler, 17), dtype)
+    assert torch.equal(counter_noise.add_normal_(view, 1.3, _gen(sampler, 17)), want)
+    g = _gen(sampler, 18)
+    counter_noise.add_normal_(torch.empty(0, dtype=dtype), 1.0, g)
+    ref = _gen(sampler, 18)
+    torch.empty((), dtype=torch.int64).random_(generator=ref)
+    assert torch.equal(g.get_state(), ref.get_state())
+    with pytest.raises(ValueError, match="float32/float64"):
+        counter_noise.add_normal_(torch.zeros(3, dtype=torch.int64), 1.0, _gen(sampler, 0))
+
+
 def test_shapes_views_and_bad_tensors(sampler):
     base = torch.zeros(6, 8)
     view = base[:, ::2]  # not contiguous

@@ -192,20 +192,36 @@ def test_invalid_step_arguments_are_rejected(bad):
         dp_sgd_gradient(PerSampleGradients(model), params, x, y, **kwargs)
 
 
+@pytest.mark.parametrize("sampler", ["torch", "boxmuller", "ziggurat"])
 @pytest.mark.parametrize("engine_kind", ["vmap", "bookkeeping"])
 @pytest.mark.parametrize("sigma", [0.0, 1.5])
-def test_fused_step_equals_subtracting_the_privatised_gradient(engine_kind, sigma):
+def test_fused_step_equals_subtracting_the_privatised_gradient(
+    engine_kind, sigma, sampler, monkeypatch
+):
+    """Every engine and sampler; with the book-keeping engine and Box-Muller the step
+    forms no noise tensor (the sampler adds into the parameters): the same draws, the
+    same update up to float rounding."""
+    from raydpfl.privacy import dpsgd
     from raydpfl.privacy.engines import make_engine
+    from raydpfl.privacy.noise_samplers import seeded_stream
 
     model, params, x, y = _model_and_batch(9)
     engine = make_engine(model, engine_kind)
     kwargs = dict(clip_norm=0.5, noise_multiplier=sigma, expected_batch_size=3.0)
-    g_ref, g_fused = _gen(11), _gen(11)
+    g_ref, g_fused = seeded_stream(sampler, 11), seeded_stream(sampler, 11)
 
     grad, ref_stats = dp_sgd_gradient(engine, params, x, y, generator=g_ref, **kwargs)
     expected = {k: p - 0.3 * grad[k] for k, p in params.items()}
     fused = {k: p.clone() for k, p in params.items()}
+    without_noise_tensor = sigma > 0 and sampler == "boxmuller" and engine_kind == "bookkeeping"
+    if without_noise_tensor:
+
+        def no_noise_tensor(*args, **kw):
+            raise AssertionError("the fused update drew a noise tensor")
+
+        monkeypatch.setattr(dpsgd, "gaussian_like", no_noise_tensor)
     stats = dp_sgd_step_(engine, fused, x, y, lr=0.3, generator=g_fused, **kwargs)
+    monkeypatch.undo()
 
     for k in params:
         torch.testing.assert_close(fused[k], expected[k], rtol=1e-6, atol=1e-6)
@@ -215,9 +231,33 @@ def test_fused_step_equals_subtracting_the_privatised_gradient(engine_kind, sigm
     if sigma > 0:  # the noise is really there (not a silent no-op)
         clean = {k: p.clone() for k, p in params.items()}
         dp_sgd_step_(
-            engine, clean, x, y, lr=0.3, generator=_gen(11), **{**kwargs, "noise_multiplier": 0.0}
+            engine,
+            clean,
+            x,
+            y,
+            lr=0.3,
+            generator=seeded_stream(sampler, 11),
+            **{**kwargs, "noise_multiplier": 0.0},
         )
         assert not all(torch.allclose(clean[k], fused[k]) for k in params)
+
+
+def test_a_batch_over_one_chunk_keeps_the_noise_tensor():
+    """Adding into the parameters needs every layer's sum formed after the one forward
+    pass: a batch over the engine's chunk takes the noise-tensor path, still correct."""
+    from raydpfl.privacy.bookkeeping import BookkeepingClipping
+    from raydpfl.privacy.noise_samplers import seeded_stream
+
+    model, params, x, y = _model_and_batch(9)
+    engine = BookkeepingClipping(model, max_chunk=4)
+    kwargs = dict(clip_norm=0.5, noise_multiplier=1.5, expected_batch_size=3.0)
+    grad, _ = dp_sgd_gradient(
+        engine, params, x, y, generator=seeded_stream("boxmuller", 5), **kwargs
+    )
+    stepped = {k: p.clone() for k, p in params.items()}
+    dp_sgd_step_(engine, stepped, x, y, lr=0.3, generator=seeded_stream("boxmuller", 5), **kwargs)
+    for k in params:
+        torch.testing.assert_close(stepped[k], params[k] - 0.3 * grad[k], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(
