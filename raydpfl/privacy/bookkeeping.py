@@ -293,16 +293,12 @@ def _conv_patches(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
     than `F.unfold`'s im2col (FedAvgCNN's conv2), which gathers element by element.
     Norms and Gram products do not depend on the order of p; `_as_weight` reorders the
     weight."""
-    pad = m._reversed_padding_repeated_twice
-    if any(pad):
-        a = F.pad(a, pad)
-    nhwc = a.permute(0, 2, 3, 1)
+    nhwc = _padded(m, a).permute(0, 2, 3, 1)
     if not nhwc.is_contiguous():
         nhwc = nhwc.contiguous()
     b, h, w, c = nhwc.shape
     sb, sh, sw, sc = nhwc.stride()
-    (kh, kw), (dh, dw), (th, tw) = m.kernel_size, m.dilation, m.stride
-    ho, wo = (h - dh * (kh - 1) - 1) // th + 1, (w - dw * (kw - 1) - 1) // tw + 1
+    (kh, kw), (dh, dw), (th, tw), (ho, wo) = _geometry(m, h, w)
     view = nhwc.as_strided((b, ho, wo, kh, kw, c), (sb, sh * th, sw * tw, sh * dh, sw * dw, sc))
     return view.reshape(b, ho * wo, kh * kw * c)
 
@@ -314,17 +310,27 @@ def _conv_patches_cf(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
     along W is 1). For few input channels and wide outputs (FedAvgCNN's conv1: 1 channel,
     rows of 24) these runs are far longer than `_conv_patches`' k_w·C_in (5): ~7x faster
     at a batch of 30, and the (B, p, q) product after it is ~1.4x faster too."""
-    pad = m._reversed_padding_repeated_twice
-    if any(pad):
-        a = F.pad(a, pad)
+    a = _padded(m, a)
     if not a.is_contiguous():
         a = a.contiguous()
     b, c, h, w = a.shape
     sb, sc, sh, sw = a.stride()
-    (kh, kw), (dh, dw), (th, tw) = m.kernel_size, m.dilation, m.stride
-    ho, wo = (h - dh * (kh - 1) - 1) // th + 1, (w - dw * (kw - 1) - 1) // tw + 1
+    (kh, kw), (dh, dw), (th, tw), (ho, wo) = _geometry(m, h, w)
     view = a.as_strided((b, c, kh, kw, ho, wo), (sb, sc, sh * dh, sw * dw, sh * th, sw * tw))
     return view.reshape(b, c * kh * kw, ho * wo)
+
+
+def _padded(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """The layer's input with its zero padding applied (as the convolution saw it)."""
+    pad = m._reversed_padding_repeated_twice
+    return F.pad(a, pad) if any(pad) else a
+
+
+def _geometry(m: nn.Conv2d, h: int, w: int) -> tuple[tuple[int, int], ...]:
+    """(kernel, dilation, stride, output size) as (H, W) pairs for a padded h×w input."""
+    (kh, kw), (dh, dw), (th, tw) = m.kernel_size, m.dilation, m.stride
+    ho, wo = (h - dh * (kh - 1) - 1) // th + 1, (w - dw * (kw - 1) - 1) // tw + 1
+    return (kh, kw), (dh, dw), (th, tw), (ho, wo)
 
 
 def _channels_first_pays(m: nn.Conv2d, out_width: int) -> bool:

@@ -31,42 +31,37 @@ MASK = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
 
 
-@numba.njit
-def _ln_all(u):
-    out = np.empty_like(u)
-    for i in range(u.shape[0]):
-        out[i] = ln(u[i])
-    return out
+def _each(fn):
+    """A numba loop applying the kernel function `fn` to every element of an array."""
+
+    @numba.njit
+    def each(u):
+        out = np.empty_like(u)
+        for i in range(u.shape[0]):
+            out[i] = fn(u[i])
+        return out
+
+    return each
 
 
-@numba.njit
-def _cos_sin_all(t):
-    c = np.empty_like(t)
-    s = np.empty_like(t)
-    for i in range(t.shape[0]):
-        x, y = cos_sin_2pi(t[i])
-        c[i] = x
-        s[i] = y
-    return c, s
+def _each_pair(fn):
+    """A numba loop applying `fn` (→ (cos, sin)) to every element; two arrays."""
+
+    @numba.njit
+    def each(t):
+        c = np.empty_like(t)
+        s = np.empty_like(t)
+        for i in range(t.shape[0]):
+            x, y = fn(t[i])
+            c[i] = x
+            s[i] = y
+        return c, s
+
+    return each
 
 
-@numba.njit
-def _ln32_all(u):
-    out = np.empty_like(u)
-    for i in range(u.shape[0]):
-        out[i] = ln32(u[i])
-    return out
-
-
-@numba.njit
-def _cos_sin32_all(t):
-    c = np.empty_like(t)
-    s = np.empty_like(t)
-    for i in range(t.shape[0]):
-        x, y = cos_sin_2pi32(t[i])
-        c[i] = x
-        s[i] = y
-    return c, s
+_ln_all, _ln32_all = _each(ln), _each(ln32)
+_cos_sin_all, _cos_sin32_all = _each_pair(cos_sin_2pi), _each_pair(cos_sin_2pi32)
 
 
 def _gen(seed: int) -> BoxMullerGenerator:
