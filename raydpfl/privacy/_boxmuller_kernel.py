@@ -102,8 +102,9 @@ def pair(key, j, std):
 
 
 @numba.njit(inline="always", error_model="numpy")
-def _loop(out, seed, std, accumulate):
-    """`fill` (accumulate False) or `add` (True): the value layout of step 4."""
+def _loop(out, seed, std, accumulate, pair_of):
+    """`fill` (accumulate False) or `add` (True) with the pair function `pair_of`
+    (`pair` for float64, `pair32` for float32): the value layout of step 4."""
     key = mix(u64(seed) + u64(GOLDEN))
     n = out.shape[0]
     pairs = n // 2
@@ -111,24 +112,24 @@ def _loop(out, seed, std, accumulate):
     # n − pairs stops LLVM from vectorising the loop: keep it `pairs`.) `accumulate` is
     # the same for the whole loop: LLVM unswitches it (two vector loops, same speed).
     for j in range(pairs):
-        r, c, s = pair(key, j, std)
+        r, c, s = pair_of(key, j, std)
         out[j] = out[j] + r * c if accumulate else r * c
         out[pairs + j] = out[pairs + j] + r * s if accumulate else r * s
     if n > 2 * pairs:  # odd n: the last value is pair `pairs`'s cosine
-        r, c, s = pair(key, pairs, std)
+        r, c, s = pair_of(key, pairs, std)
         out[n - 1] = out[n - 1] + r * c if accumulate else r * c
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def fill(out, seed, std):
     """Fills the 1-d array `out` with N(0, std²) (see `raydpfl.privacy.boxmuller`)."""
-    _loop(out, seed, std, False)
+    _loop(out, seed, std, False, pair)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def add(out, seed, std):
     """Adds `fill`'s values to the 1-d float64 array `out` in place."""
-    _loop(out, seed, std, True)
+    _loop(out, seed, std, True, pair)
 
 
 # ---- float32 -----------------------------------------------------------------------
@@ -202,30 +203,14 @@ def pair32(key, j, std):
     return np.sqrt(f32(-2.0) * ln32(u)) * std, c, s
 
 
-@numba.njit(inline="always", error_model="numpy")
-def _loop32(out, seed, std, accumulate):
-    """`fill32` (accumulate False) or `add32` (True), in `_loop`'s layout."""
-    key = mix(u64(seed) + u64(GOLDEN))
-    sd = f32(std)
-    n = out.shape[0]
-    pairs = n // 2
-    for j in range(pairs):
-        r, c, s = pair32(key, j, sd)
-        out[j] = out[j] + r * c if accumulate else r * c
-        out[pairs + j] = out[pairs + j] + r * s if accumulate else r * s
-    if n > 2 * pairs:
-        r, c, s = pair32(key, pairs, sd)
-        out[n - 1] = out[n - 1] + r * c if accumulate else r * c
-
-
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def fill32(out, seed, std):
     """Fills the 1-d float32 array `out` with N(0, std²) (`raydpfl.privacy.boxmuller`)."""
-    _loop32(out, seed, std, False)
+    _loop(out, seed, f32(std), False, pair32)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def add32(out, seed, std):
     """Adds `fill32`'s values to the 1-d float32 array `out` in place: the noisy update
     p ← p + (−lr/B)·σC·z without a noise tensor (`raydpfl.privacy.dpsgd.dp_sgd_step_`)."""
-    _loop32(out, seed, std, True)
+    _loop(out, seed, f32(std), True, pair32)

@@ -175,8 +175,8 @@ class BookkeepingClipping:
         those tensors in place (a Linear layer's weight sum accumulates inside its GEMM)
         and they are returned; `scale` multiplies the sum before it is added (only with
         `into`). `into` may be the parameters themselves (`dp_sgd_step_`'s fused update)
-        when the batch fits one chunk (`max_chunk`): every layer's sum is formed after
-        the chunk's forward and backward passes, from its records alone."""
+        when `adds_into_params` says so: every layer's sum is formed after the chunk's
+        forward and backward passes, from its records alone."""
         if scale != 1.0 and into is None:
             raise ValueError("clipped_sum: scale needs `into`")
         if self._fallback is None:
@@ -193,11 +193,11 @@ class BookkeepingClipping:
             into[name].add_(part, alpha=scale)
         return into, stats
 
-    @property
-    def fuses_into_params(self) -> bool:
-        """Whether `clipped_sum` can add a scaled sum into the parameters themselves
-        (`dp_sgd_step_`'s fused update): the book-keeping rules, not the fallback."""
-        return self._fallback is None
+    def adds_into_params(self, batch_size: int) -> bool:
+        """Whether `clipped_sum` can add a scaled sum into the parameters themselves for a
+        batch of `batch_size` (`dp_sgd_step_`'s fused update): the book-keeping rules, not
+        the fallback, and one chunk, so no forward pass runs after the sum is added."""
+        return self._fallback is None and batch_size <= self.max_chunk
 
     def _use_fallback(self, error: SharedLayerError) -> None:
         warnings.warn(

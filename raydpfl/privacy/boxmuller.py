@@ -60,18 +60,21 @@ from raydpfl.privacy.counter_noise import CounterNoiseGenerator, kernel_fill
 MAX_ABS = math.sqrt(2.0 * 54 * math.log(2.0))
 
 
+def _kernel(kind: str, out: np.ndarray, seed: int, std: float) -> None:
+    """Runs kernel `kind` ("fill" or "add") for `out`'s dtype: the float32 path
+    (`fill32`, `add32`) or the float64 one (step 5 of the format)."""
+    name = kind + "32" if out.dtype == np.float32 else kind
+    kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller", name)(
+        out, np.uint64(seed), float(std)
+    )
+
+
 def _fill(out: np.ndarray, seed: int, std: float) -> None:
-    kernel = "fill32" if out.dtype == np.float32 else "fill"  # step 5 of the format
-    kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller", kernel)(
-        out, np.uint64(seed), float(std)
-    )
+    _kernel("fill", out, seed, std)
 
 
-def _add(out: np.ndarray, seed: int, std: float) -> None:
-    kernel = "add32" if out.dtype == np.float32 else "add"  # out + _fill's values
-    kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller", kernel)(
-        out, np.uint64(seed), float(std)
-    )
+def _add(out: np.ndarray, seed: int, std: float) -> None:  # out + _fill's values
+    _kernel("add", out, seed, std)
 
 
 class BoxMullerGenerator(CounterNoiseGenerator):

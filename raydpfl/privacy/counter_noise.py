@@ -78,15 +78,23 @@ def draw_seed(generator: torch.Generator) -> int:
     return int(buf.random_(generator=generator))
 
 
+def _checked_seed(
+    out: torch.Tensor, generator: CounterNoiseGenerator, verb: str, seed: int | None
+) -> int:
+    """The checks `fill_normal_` and `add_normal_` share (a float32/float64 CPU tensor),
+    then the call's seed: `seed` if the caller drew it, else one draw (`draw_seed`)."""
+    name = generator.sampler
+    if out.device.type != "cpu":
+        raise ValueError(f"the {name} sampler {verb} CPU tensors; got {out.device}")
+    if out.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"the {name} sampler {verb} float32/float64 tensors; got {out.dtype}")
+    return draw_seed(generator) if seed is None else seed
+
+
 def fill_normal_(out: torch.Tensor, std: float, generator: CounterNoiseGenerator) -> torch.Tensor:
     """Fills the CPU tensor `out` with N(0, std²) from `generator`'s sampler, keyed by one
     draw of its torch stream, in place (row-major order); returns `out`."""
-    name = generator.sampler
-    if out.device.type != "cpu":
-        raise ValueError(f"the {name} sampler fills CPU tensors; got {out.device}")
-    if out.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"the {name} sampler fills float32/float64 tensors; got {out.dtype}")
-    seed = draw_seed(generator)
+    seed = _checked_seed(out, generator, "fills", None)
     if out.numel() == 0:
         return out
     if out.is_contiguous():
@@ -105,11 +113,7 @@ def add_normal_(
     values `fill_normal_` would draw, keyed by one draw of the torch stream, or by
     `seed` when the caller drew it already (`draw_seed`); returns `out`. With a sampler
     that has an ``add`` kernel no noise tensor is formed."""
-    name = generator.sampler
-    if out.device.type != "cpu" or out.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"the {name} sampler adds to float32/float64 CPU tensors; got {out}")
-    if seed is None:
-        seed = draw_seed(generator)
+    seed = _checked_seed(out, generator, "adds to", seed)
     if out.numel() == 0:
         return out
     add = type(generator).add

@@ -358,15 +358,16 @@ def dp_sgd_step_(
 
 def _fuses_update(engine: ClippedSumEngine, x: torch.Tensor, generator: torch.Generator) -> bool:
     """Whether `dp_sgd_step_` may skip the noise tensor: a counter-based sampler with an
-    ``add`` kernel (``privacy.noise_sampler: boxmuller``), and an engine that adds a
-    scaled sum into the parameters themselves within one chunk (the book-keeping
-    engine; a wrapped engine, e.g. an audit's, takes the noise tensor as before)."""
-    return (
-        counter_noise.is_counter_noise(generator)
-        and type(generator).add is not None  # type: ignore[attr-defined]
-        and getattr(engine, "fuses_into_params", False)
-        and x.shape[0] <= getattr(engine, "max_chunk", 0)
-    )
+    ``add`` kernel (``privacy.noise_sampler: boxmuller``), and an engine that can add a
+    scaled sum of this batch into the parameters themselves (the book-keeping engine's
+    `adds_into_params`; a wrapped engine, e.g. an audit's, takes the noise tensor as
+    before)."""
+    if not counter_noise.is_counter_noise(generator):
+        return False
+    if type(generator).add is None:  # type: ignore[attr-defined]
+        return False
+    adds_into_params = getattr(engine, "adds_into_params", None)
+    return adds_into_params is not None and bool(adds_into_params(int(x.shape[0])))
 
 
 def _checked_rule(

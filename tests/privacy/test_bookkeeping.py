@@ -142,7 +142,8 @@ def test_a_scaled_sum_is_added_into_given_tensors_on_both_paths():
             engine.clipped_sum(params, x, y, rule, into=into, scale=-0.25)
         for k in expected:
             torch.testing.assert_close(into[k], 0.5 - 0.25 * expected[k], rtol=1e-5, atol=1e-6)
-        assert engine.fuses_into_params is (model.__class__ is _Mixed)
+        assert engine.adds_into_params(5) is (model.__class__ is _Mixed)
+        assert not engine.adds_into_params(engine.max_chunk + 1)
         with pytest.raises(ValueError, match="scale needs `into`"):
             engine.clipped_sum(params, x, y, rule, scale=2.0)
 
