@@ -1,7 +1,9 @@
 """The compiled loops of `raydpfl.privacy.boxmuller` (its docstring has the stream format):
 `fill` for float64 tensors, `fill32` for float32 ones, and `add`/`add32`, which add the
 same values into a tensor instead of writing them (out[j] + z_j, one rounding: the bits
-of ``out + fill(...)``).
+of ``out + fill(...)``). `add_low_rank`/`add_low_rank32` first add a rank-B product
+Σ_b g_b a_bᵀ into a matrix, then the values, in one pass over it (a small batch's
+Linear weight update and its noise).
 
 Every operation is branch-free IEEE arithmetic (no libm call, no fast-math, so no fused
 multiply-adds), so LLVM vectorises the loops and the bits do not depend on the CPU's
@@ -214,3 +216,67 @@ def add32(out, seed, std):
     """Adds `fill32`'s values to the 1-d float32 array `out` in place: the noisy update
     p ← p + (−lr/B)·σC·z without a noise tensor (`raydpfl.privacy.dpsgd.dp_sgd_step_`)."""
     _loop(out, seed, f32(std), True, pair32)
+
+
+# ---- noise plus a low-rank product, one pass ----------------------------------------
+@numba.njit(inline="always", error_model="numpy")
+def _add_products(o, g, row, a, col):
+    """o[t] += g[b, row]·a[b, col + t] for b = 0, 1, … in turn (one rounding per product
+    and per sum). `o` is a stretch of one row of the matrix, in L1 while the B passes run."""
+    m = o.shape[0]
+    for b in range(a.shape[0]):
+        gb = g[b, row]
+        ab = a[b, col : col + m]
+        for t in range(m):
+            o[t] = o[t] + gb * ab[t]
+
+
+@numba.njit(error_model="numpy")
+def _add_pairs(o1, o2, key, j0, std, pair_of):
+    """o1[t] += z₁ and o2[t] += z₂ of pair j0 + t: `_loop`'s add on two stretches (views,
+    so LLVM sees non-negative indices from 0 and vectorises)."""
+    for t in range(o1.shape[0]):
+        r, c, s = pair_of(key, u64(j0) + u64(t), std)
+        o1[t] = o1[t] + r * c
+        o2[t] = o2[t] + r * s
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _loop_low_rank(out, seed, std, g, a, pair_of):
+    """out (the flat q×p matrix, row-major) ← (out + Σ_b g[b]ᵀ a[b]) + `fill`'s values,
+    value by value: the pairs of `_loop` in stretches within which both halves' values
+    stay in one row, each stretch's products added just before its noise."""
+    key = mix(u64(seed) + u64(GOLDEN))
+    n = out.shape[0]
+    pairs = n // 2
+    p = a.shape[1]
+    j0 = 0
+    while j0 < pairs:
+        r1 = j0 // p  # the rows of value j0 and of value pairs + j0
+        r2 = (pairs + j0) // p
+        j1 = min((r1 + 1) * p, (r2 + 1) * p - pairs, pairs)
+        o1 = out[j0:j1]
+        o2 = out[pairs + j0 : pairs + j1]
+        _add_products(o1, g, r1, a, j0 - r1 * p)
+        _add_products(o2, g, r2, a, pairs + j0 - r2 * p)
+        _add_pairs(o1, o2, key, j0, std, pair_of)
+        j0 = j1
+    if n > 2 * pairs:  # odd n: the last value is pair `pairs`'s cosine
+        last = n - 1
+        _add_products(out[last:], g, last // p, a, last - (last // p) * p)
+        r, c, _ = pair_of(key, u64(pairs), std)
+        out[last] = out[last] + r * c
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def add_low_rank(out, seed, std, g, a):
+    """`add` after adding Σ_b g[b]ᵀ a[b] into `out`, the flat float64 q×p matrix
+    (g: (B, q), a: (B, p)), in one pass: (out + Σ_b g_b a_b) + z, value by value."""
+    _loop_low_rank(out, seed, std, g, a, pair)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def add_low_rank32(out, seed, std, g, a):
+    """`add_low_rank` for float32 (`add32`'s values): a small batch's Linear weight
+    update −(lr/B)·Σ_b a_b g_b x_bᵀ and its noise in one pass over the weight."""
+    _loop_low_rank(out, seed, f32(std), g, a, pair32)

@@ -167,6 +167,7 @@ class BookkeepingClipping:
         *,
         into: Params | None = None,
         scale: float = 1.0,
+        low_rank: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[Params, StepStats]:
         """Σ_i a_i ∇ℓ_i with a_i = weight_rule(‖∇ℓ_i‖), plus step statistics.
 
@@ -176,12 +177,21 @@ class BookkeepingClipping:
         and they are returned; `scale` multiplies the sum before it is added (only with
         `into`). `into` may be the parameters themselves (`dp_sgd_step_`'s fused update)
         when `adds_into_params` says so: every layer's sum is formed after the chunk's
-        forward and backward passes, from its records alone."""
+        forward and backward passes, from its records alone.
+
+        `low_rank` (a dict, with `into`): the weight of a Linear layer on 2-d inputs is
+        not added to; its scaled sum is left as factors instead, low_rank[name] =
+        (scale·G, A) with G (B, q) the weighted output gradients and A (B, p) the inputs,
+        the sum being GᵀA: the caller adds it together with the noise in one pass over
+        the weight (`raydpfl.privacy.counter_noise.add_normal_`). The vmap fallback
+        leaves it empty (everything is added)."""
         if scale != 1.0 and into is None:
             raise ValueError("clipped_sum: scale needs `into`")
+        if low_rank is not None and into is None:
+            raise ValueError("clipped_sum: low_rank needs `into`")
         if self._fallback is None:
             try:
-                return self._clipped_sum(params, x, y, weight_rule, into, scale)
+                return self._clipped_sum(params, x, y, weight_rule, into, scale, low_rank)
             except SharedLayerError as e:  # raised before anything was added to `into`
                 self._use_fallback(e)
         assert self._fallback is not None
@@ -215,6 +225,7 @@ class BookkeepingClipping:
         weight_rule: WeightRule,
         into: Params | None,
         scale: float = 1.0,
+        low_rank: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[Params, StepStats]:
         # Without `into`, each parameter's first contribution is a fresh tensor that is
         # kept: no zero-filled accumulator (a second chunk adds to it).
@@ -227,7 +238,7 @@ class BookkeepingClipping:
             args = (norms, losses) if with_losses else (norms,)
             weights = weight_rule(*args)  # type: ignore[call-arg]
             for rec in records:
-                _add_weighted_grads(rec, weights, total, scale)
+                _add_weighted_grads(rec, weights, total, scale, low_rank)
             stats = torch.stack([(weights < 1.0).sum().to(norms.dtype), norms.sum()]).tolist()
             clipped += int(stats[0])
             norm_sum += stats[1]
@@ -407,11 +418,16 @@ def _groupnorm_per_sample(rec: _Record) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _add_weighted_grads(
-    rec: _Record, weights: torch.Tensor, total: Params, scale: float = 1.0
+    rec: _Record,
+    weights: torch.Tensor,
+    total: Params,
+    scale: float = 1.0,
+    low_rank: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> None:
     """Adds scale·Σ_i a_i ∇θ ℓ_i for the layer's parameters to `total` (keyed by full
     names), in place where `total` has the name, as a fresh tensor (scale 1 only) where it
-    has not."""
+    has not; a Linear weight on 2-d inputs goes to `low_rank` as factors instead when it
+    is given (`BookkeepingClipping.clipped_sum`; a second chunk's rows are appended)."""
     m, g = rec.module, rec.grad
     assert g is not None
     prefix = f"{rec.prefix}." if rec.prefix else ""
@@ -443,7 +459,13 @@ def _add_weighted_grads(
         else:  # Linear: the largest layers; their weight sum accumulates inside the GEMM
             a2, g2 = rec.inputs.reshape(-1, rec.inputs.shape[-1]), gw.reshape(-1, gw.shape[-1])
             acc = total.get(prefix + "weight")
-            if acc is not None:
+            if low_rank is not None and acc is not None and rec.inputs.dim() == 2:
+                factors = (g2 * scale, a2)
+                before = low_rank.get(prefix + "weight")
+                if before is not None:
+                    factors = (torch.cat((before[0], factors[0])), torch.cat((before[1], a2)))
+                low_rank[prefix + "weight"] = factors
+            elif acc is not None:
                 acc.addmm_(g2.t(), a2, alpha=scale)
             else:
                 out["weight"] = g2.t() @ a2

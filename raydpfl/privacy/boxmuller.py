@@ -77,6 +77,14 @@ def _add(out: np.ndarray, seed: int, std: float) -> None:  # out + _fill's value
     _kernel("add", out, seed, std)
 
 
+def _add_low_rank(out: np.ndarray, seed: int, std: float, g: np.ndarray, a: np.ndarray) -> None:
+    """(out + Σ_b g[b]ᵀ a[b]) + _fill's values, `out` the flat q×p matrix, one pass."""
+    name = "add_low_rank32" if out.dtype == np.float32 else "add_low_rank"
+    kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller", name)(
+        out, np.uint64(seed), float(std), g, a
+    )
+
+
 class BoxMullerGenerator(CounterNoiseGenerator):
     """A client's stream when ``privacy.noise_sampler`` is ``boxmuller``: a CPU
     `torch.Generator` (seeded by the caller as any client stream) whose Gaussian noise
@@ -85,3 +93,4 @@ class BoxMullerGenerator(CounterNoiseGenerator):
     sampler = "boxmuller"
     fill = staticmethod(_fill)
     add = staticmethod(_add)
+    add_low_rank = staticmethod(_add_low_rank)

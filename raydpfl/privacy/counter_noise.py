@@ -50,6 +50,12 @@ class CounterNoiseGenerator(torch.Generator):
     #: a temporary and adds it.
     add: Callable[[np.ndarray, int, float], None] | None = None
 
+    #: Optional: ``add_low_rank(out, seed, std, g, a)`` adds Σ_b g[b]ᵀ a[b] (g: (B, q),
+    #: a: (B, p)) into the flat q×p matrix `out`, then `fill`'s values, in one pass
+    #: (value by value: (out + Σ_b g_b a_b) + z); without it, `add_normal_` adds the
+    #: product with a GEMM first.
+    add_low_rank: Callable[[np.ndarray, int, float, np.ndarray, np.ndarray], None] | None = None
+
 
 @functools.cache  # looked up per noise tensor: resolve the module once, not per call
 def kernel_fill(module: str, sampler: str, name: str = "fill") -> Callable[..., None]:
@@ -107,13 +113,29 @@ def fill_normal_(out: torch.Tensor, std: float, generator: CounterNoiseGenerator
 
 
 def add_normal_(
-    out: torch.Tensor, std: float, generator: CounterNoiseGenerator, seed: int | None = None
+    out: torch.Tensor,
+    std: float,
+    generator: CounterNoiseGenerator,
+    seed: int | None = None,
+    low_rank: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Adds N(0, std²) from `generator`'s sampler to the CPU tensor `out` in place: the
     values `fill_normal_` would draw, keyed by one draw of the torch stream, or by
     `seed` when the caller drew it already (`draw_seed`); returns `out`. With a sampler
-    that has an ``add`` kernel no noise tensor is formed."""
+    that has an ``add`` kernel no noise tensor is formed.
+
+    `low_rank` = (g, a), g of shape (B, q) and a of (B, p) for a q×p `out`: Σ_b g_bᵀ a_b
+    (= gᵀa) is added first, in the same pass as the noise where the sampler has an
+    ``add_low_rank`` kernel (a small batch's Linear weight update,
+    `raydpfl.privacy.dpsgd.dp_sgd_step_`), else by a GEMM before it."""
     seed = _checked_seed(out, generator, "adds to", seed)
+    if low_rank is not None:
+        g, a = _checked_factors(out, *low_rank)
+        kernel = type(generator).add_low_rank
+        if kernel is not None and out.is_contiguous() and out.numel() > 0:
+            kernel(out.numpy().reshape(-1), seed, std, g.numpy(), a.numpy())
+            return out
+        out.addmm_(g.t(), a)
     if out.numel() == 0:
         return out
     add = type(generator).add
@@ -123,6 +145,21 @@ def add_normal_(
     noise = torch.empty(out.numel(), dtype=out.dtype)
     generator.fill(noise.numpy(), seed, std)
     return out.add_(noise.view(out.shape))
+
+
+def _checked_factors(
+    out: torch.Tensor, g: torch.Tensor, a: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_normal_`'s low-rank factors, checked against the q×p `out` and made
+    contiguous in its dtype."""
+    q, p = (out.shape[0], out.shape[1]) if out.dim() == 2 else (-1, -1)
+    fits = g.dim() == a.dim() == 2 and g.shape[0] == a.shape[0]
+    if not fits or (g.shape[1], a.shape[1]) != (q, p):
+        raise ValueError(
+            f"add_normal_: low_rank factors of shapes {tuple(g.shape)} and {tuple(a.shape)} "
+            f"do not make a (B, q), (B, p) pair for a tensor of shape {tuple(out.shape)}"
+        )
+    return g.to(out.dtype).contiguous(), a.to(out.dtype).contiguous()
 
 
 def normal(

@@ -335,7 +335,10 @@ def dp_sgd_step_(
     parameters inside its products and the sampler adds −(lr/B)·z into them in its own
     pass, p ← (p − (lr/B)·s) − (lr/B)·z: the same values up to float rounding, two
     passes over each parameter instead of five (the noise tensor's write, the sum
-    into it, the update), ~0.2 ms of a FedAvgCNN step on one core.
+    into it, the update), ~0.2 ms of a FedAvgCNN step on one core. For a batch of at
+    most `LOW_RANK_MAX_BATCH` the Linear weights take one pass: the engine leaves their
+    sums as factors (G, A) and the sampler adds (p − (lr/B)·GᵀA) − (lr/B)·z value by
+    value (``add_low_rank``), ~0.2 ms less at W2's batch of ~3.
     """
     rule = _checked_rule(clip_norm, noise_multiplier, expected_batch_size, weight_rule)
     std = noise_multiplier * clip_norm
@@ -345,9 +348,13 @@ def dp_sgd_step_(
         # in the same order), the engine adds −(lr/B)·s into the parameters inside its
         # products, and the sampler adds −(lr/B)·σC·z into them in its own pass.
         seeds = [counter_noise.draw_seed(generator) for _ in params]
-        _, stats = engine.clipped_sum(params, x, y, rule, into=params, scale=-scale)  # type: ignore[call-arg]
-        for p, seed in zip(params.values(), seeds, strict=True):
-            counter_noise.add_normal_(p, -scale * std, generator, seed)  # type: ignore[arg-type]
+        # A small batch's Linear weight sums come back as factors, added with the noise
+        # in one pass over the weight (`_low_rank_pays`).
+        factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        low_rank = {"low_rank": factors} if _low_rank_pays(x, generator) else {}
+        _, stats = engine.clipped_sum(params, x, y, rule, into=params, scale=-scale, **low_rank)  # type: ignore[call-arg]
+        for (name, p), seed in zip(params.items(), seeds, strict=True):
+            counter_noise.add_normal_(p, -scale * std, generator, seed, factors.get(name))  # type: ignore[arg-type]
         return stats
     noise = {n: gaussian_like(p, std, generator) for n, p in params.items()} if std > 0 else None
     summed, stats = engine.clipped_sum(params, x, y, rule, into=noise)
@@ -368,6 +375,21 @@ def _fuses_update(engine: ClippedSumEngine, x: torch.Tensor, generator: torch.Ge
         return False
     adds_into_params = getattr(engine, "adds_into_params", None)
     return adds_into_params is not None and bool(adds_into_params(int(x.shape[0])))
+
+
+#: The largest batch whose Linear weight sums `dp_sgd_step_` adds together with the noise
+#: (the sampler's ``add_low_rank``: B products per weight value inside the noise pass)
+#: rather than by a GEMM first. FedAvgCNN steps on one core (`benchmarks/dp_step.py`,
+#: medians): 0.22 ms less at B = 2, 0.20 at 3, 0.11 at 4, none left at 6, where the
+#: B axpys cost what the GEMM's extra pass over the 2 MiB weight saves.
+LOW_RANK_MAX_BATCH = 5
+
+
+def _low_rank_pays(x: torch.Tensor, generator: torch.Generator) -> bool:
+    """Whether `dp_sgd_step_`'s fused update takes Linear weight sums as factors: a batch
+    of at most `LOW_RANK_MAX_BATCH` and a sampler with an ``add_low_rank`` kernel."""
+    kernel = getattr(type(generator), "add_low_rank", None)
+    return kernel is not None and 0 < int(x.shape[0]) <= LOW_RANK_MAX_BATCH
 
 
 def _checked_rule(

@@ -148,6 +148,63 @@ def test_a_scaled_sum_is_added_into_given_tensors_on_both_paths():
             engine.clipped_sum(params, x, y, rule, scale=2.0)
 
 
+def test_low_rank_leaves_linear_weight_sums_as_factors():
+    """`low_rank`: a Linear weight on 2-d inputs is not added to; its scaled sum comes
+    back as factors (scale·G, A) with GᵀA the sum (a second chunk's rows appended),
+    every other parameter is added as before; Linear layers on (B, T, p) inputs, and
+    the vmap fallback, add everything; without `into` it is refused."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    x, y = torch.randn(7, 6), torch.randint(0, 3, (7,))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    rule = lambda n: clip_weights(n, 0.7)  # noqa: E731
+    expected, _ = PerSampleGradients(model).clipped_sum(params, x, y, rule)
+    for chunk in (1024, 4):  # one chunk; two (rows 0-3 and 4-6)
+        engine = BookkeepingClipping(model, max_chunk=chunk)
+        into = {k: torch.full_like(p, 0.5) for k, p in params.items()}
+        factors = {}
+        engine.clipped_sum(params, x, y, rule, into=into, scale=-0.25, low_rank=factors)
+        assert sorted(factors) == ["0.weight", "2.weight"]
+        for k in expected:
+            if k in factors:
+                g, a = factors[k]
+                assert g.shape == (7, params[k].shape[0]) and a.shape == (7, params[k].shape[1])
+                assert torch.equal(into[k], torch.full_like(params[k], 0.5))  # untouched
+                torch.testing.assert_close(g.t() @ a, -0.25 * expected[k], rtol=1e-5, atol=1e-6)
+            else:
+                torch.testing.assert_close(into[k], 0.5 - 0.25 * expected[k], rtol=1e-5, atol=1e-6)
+    mixed = _Mixed()  # Linear layers on (B, T, p) inputs: added, no factors
+    params = {k: v.detach().clone() for k, v in mixed.named_parameters()}
+    x, y = torch.randn(5, 1, 14, 14), torch.randint(0, 4, (5,))
+    into = {k: torch.zeros_like(p) for k, p in params.items()}
+    factors = {}
+    BookkeepingClipping(mixed).clipped_sum(params, x, y, rule, into=into, low_rank=factors)
+    assert list(factors) == ["head.weight"]  # head: 2-d inputs; seq and wide: (B, T, p)
+
+    class Twice(nn.Module):  # one layer called twice: the vmap fallback adds everything
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.inner(torch.relu(self.inner(x)))
+
+    twice = Twice()
+    params2 = {k: v.detach().clone() for k, v in twice.named_parameters()}
+    x2, y2 = torch.randn(5, 4), torch.randint(0, 4, (5,))
+    want, _ = PerSampleGradients(twice).clipped_sum(params2, x2, y2, rule)
+    into2 = {k: torch.zeros_like(p) for k, p in params2.items()}
+    factors = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's notice
+        BookkeepingClipping(twice).clipped_sum(params2, x2, y2, rule, into=into2, low_rank=factors)
+    assert factors == {}
+    for k in want:
+        torch.testing.assert_close(into2[k], want[k], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="low_rank needs `into`"):
+        BookkeepingClipping(mixed).clipped_sum(params, x, y, rule, low_rank={})
+
+
 def test_any_weight_rule_gives_the_same_weighted_sum():
     model, shape, classes = _case("fedavg_cnn")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}

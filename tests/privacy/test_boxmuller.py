@@ -268,6 +268,32 @@ def test_the_bits_do_not_depend_on_the_loops_remainder(dtype):
             assert a[-1] == _draws(40, n + 1, 1.7, dtype)[p]
 
 
+@DTYPES
+@pytest.mark.parametrize(
+    ("q", "p", "b"),
+    [(7, 5, 3), (3, 1, 2), (1, 9, 1), (513, 64, 3), (10, 33, 0), (1, 1, 2), (4, 4, 6)],
+)
+def test_add_low_rank_is_the_product_then_the_values_bit_for_bit(dtype, q, p, b):
+    """`add_low_rank`: value i of the q×p matrix becomes (out_i + Σ_b g[b, row]·a[b, col],
+    b in turn) + z_i with z the values `fill` draws for the same seed, bit for bit (a
+    numpy rebuild), whatever the shape: odd sizes, a half that ends mid-row, one row,
+    one column, an empty batch."""
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    rng = np.random.default_rng(q * 1000 + p * 10 + b)
+    out = rng.standard_normal(q * p).astype(np_dtype)
+    g = rng.standard_normal((b, q)).astype(np_dtype)
+    a = rng.standard_normal((b, p)).astype(np_dtype)
+    want = out.reshape(q, p).copy()
+    for k in range(b):
+        want = want + g[k][:, None] * a[k][None, :]
+    z = np.empty(q * p, np_dtype)
+    boxmuller.BoxMullerGenerator.fill(z, 77, 0.3)
+    want = want.reshape(-1) + z
+    got = out.copy()
+    boxmuller.BoxMullerGenerator.add_low_rank(got, 77, 0.3, g, a)
+    np.testing.assert_array_equal(got, want)
+
+
 # --- the bound on |z|, the tails, the two halves of a pair -----------------------------
 
 

@@ -206,6 +206,23 @@ def test_add_normal_adds_what_fill_normal_draws(sampler, dtype):
         counter_noise.add_normal_(torch.zeros(3, dtype=torch.int64), 1.0, _gen(sampler, 0))
 
 
+@DTYPES
+def test_add_normal_with_low_rank_factors_adds_their_product_first(sampler, dtype):
+    """low_rank=(g, a): out + gᵀa + the draws `fill_normal_` makes (in one pass with
+    Box-Muller's ``add_low_rank``, by a GEMM first without it), one draw taken; factors
+    that do not fit the tensor are refused with both shapes named."""
+    base = torch.randn(9, 7, dtype=dtype)
+    g, a = torch.randn(3, 9, dtype=dtype), torch.randn(3, 7, dtype=dtype)
+    stream, ref = _gen(sampler, 19), _gen(sampler, 19)
+    out = counter_noise.add_normal_(base.clone(), 1.3, stream, low_rank=(g, a))
+    want = base + g.t() @ a + counter_noise.normal(base.shape, 1.3, ref, dtype)
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+    assert torch.equal(stream.get_state(), ref.get_state())
+    with pytest.raises(ValueError, match=r"\(3, 7\) and \(3, 9\).*\(9, 7\)"):
+        counter_noise.add_normal_(base.clone(), 1.0, _gen(sampler, 0), low_rank=(a, g))
+
+
 def test_shapes_views_and_bad_tensors(sampler):
     base = torch.zeros(6, 8)
     view = base[:, ::2]  # not contiguous

@@ -195,17 +195,21 @@ def test_invalid_step_arguments_are_rejected(bad):
 @pytest.mark.parametrize("sampler", ["torch", "boxmuller", "ziggurat"])
 @pytest.mark.parametrize("engine_kind", ["vmap", "bookkeeping"])
 @pytest.mark.parametrize("sigma", [0.0, 1.5])
+@pytest.mark.parametrize("n", [3, 9])
 def test_fused_step_equals_subtracting_the_privatised_gradient(
-    engine_kind, sigma, sampler, monkeypatch
+    engine_kind, sigma, sampler, n, monkeypatch
 ):
-    """Every engine and sampler; with the book-keeping engine and Box-Muller the step
-    forms no noise tensor (the sampler adds into the parameters): the same draws, the
-    same update up to float rounding."""
+    """Every engine and sampler, a batch under and over `LOW_RANK_MAX_BATCH`; with the
+    book-keeping engine and Box-Muller the step forms no noise tensor (the sampler adds
+    into the parameters), and a small batch's Linear weight sums are added with the
+    noise (``add_low_rank``): the same draws, the same update up to float rounding."""
     from raydpfl.privacy import dpsgd
+    from raydpfl.privacy.boxmuller import BoxMullerGenerator
     from raydpfl.privacy.engines import make_engine
     from raydpfl.privacy.noise_samplers import seeded_stream
 
-    model, params, x, y = _model_and_batch(9)
+    assert 3 <= dpsgd.LOW_RANK_MAX_BATCH < 9
+    model, params, x, y = _model_and_batch(n)
     engine = make_engine(model, engine_kind)
     kwargs = dict(clip_norm=0.5, noise_multiplier=sigma, expected_batch_size=3.0)
     g_ref, g_fused = seeded_stream(sampler, 11), seeded_stream(sampler, 11)
@@ -220,8 +224,20 @@ def test_fused_step_equals_subtracting_the_privatised_gradient(
             raise AssertionError("the fused update drew a noise tensor")
 
         monkeypatch.setattr(dpsgd, "gaussian_like", no_noise_tensor)
+    low_rank_shapes = []
+    kernel = BoxMullerGenerator.add_low_rank
+
+    def spy(out, seed, std, g, a):
+        low_rank_shapes.append((g.shape, a.shape))
+        kernel(out, seed, std, g, a)
+
+    monkeypatch.setattr(BoxMullerGenerator, "add_low_rank", staticmethod(spy))
     stats = dp_sgd_step_(engine, fused, x, y, lr=0.3, generator=g_fused, **kwargs)
     monkeypatch.undo()
+    if without_noise_tensor and n == 3:  # both Linear weights: factors (B, q), (B, p)
+        assert low_rank_shapes == [((3, 8), (3, 5)), ((3, 3), (3, 8))]
+    else:
+        assert low_rank_shapes == []
 
     for k in params:
         torch.testing.assert_close(fused[k], expected[k], rtol=1e-6, atol=1e-6)
