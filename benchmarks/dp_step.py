@@ -2,10 +2,11 @@
 
     python benchmarks/dp_step.py [--batches 3 30] [--steps 1500]
 
-One process, one torch thread. Per batch size, three kinds of step take turns step by
-step in a shuffled order, `--steps` of each, so a change in the machine's load hits
-them alike and none always runs just after the same other one (each kind has its own
-model, parameters and stream):
+One process, one torch thread, with the allocator settings every training process of
+raydpfl and every floor gets (`raydpfl.backends.allocator.tune_allocator`). Per batch
+size, three kinds of step take turns step by step in a shuffled order, `--steps` of
+each, so a change in the machine's load hits them alike and none always runs just after
+the same other one (each kind has its own model, parameters and stream):
 
 - ``sgd``: the non-private floor's step (`benchmarks/_floors.py`: forward, summed cross
   entropy over the expected batch, backward, ``torch.optim.SGD``);
@@ -43,6 +44,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from raydpfl.backends.allocator import tune_allocator  # noqa: E402
 from raydpfl.models.zoo import FedAvgCNN  # noqa: E402
 from raydpfl.privacy import dpsgd  # noqa: E402
 from raydpfl.privacy.bookkeeping import BookkeepingClipping  # noqa: E402
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     if min(args.batches) < 1 or args.steps < 10:
         p.error("--batches must be >= 1 and --steps >= 10")
     torch.set_num_threads(1)
+    tuned = tune_allocator()  # as the backends' processes and the floors run
     x, y, source = _images(4000)
     load = [os.getloadavg()[0]]
     figures: dict[str, dict[str, dict[str, float]]] = {}
@@ -175,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     load.append(os.getloadavg()[0])
     print(
         f"FedAvgCNN, 1 thread, {args.steps} steps of each kind, alternating; data: "
-        f"{source}; LOW_RANK_MAX_BATCH {DEFAULT_LOW_RANK_MAX}; 1-min load {load[0]:.2f} -> "
+        f"{source}; LOW_RANK_MAX_BATCH {DEFAULT_LOW_RANK_MAX}; allocator tuned: {tuned}; "
+        f"1-min load {load[0]:.2f} -> "
         f"{load[1]:.2f}"
     )
     results = ROOT / "benchmarks" / "results"
@@ -189,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
                 "steps_per_kind": args.steps,
                 "data": source,
                 "low_rank_max_batch": DEFAULT_LOW_RANK_MAX,
+                "allocator_tuned": tuned,
                 "figures": figures,
                 "loadavg_1min": load,
                 "cpu_count": os.cpu_count(),

@@ -380,8 +380,8 @@ def _fuses_update(engine: ClippedSumEngine, x: torch.Tensor, generator: torch.Ge
 #: The largest batch whose Linear weight sums `dp_sgd_step_` adds together with the noise
 #: (the sampler's ``add_low_rank``: B products per weight value inside the noise pass)
 #: rather than by a GEMM first. FedAvgCNN steps on one core (`benchmarks/dp_step.py`,
-#: medians): 0.22 ms less at B = 2, 0.20 at 3, 0.11 at 4, none left at 6, where the
-#: B axpys cost what the GEMM's extra pass over the 2 MiB weight saves.
+#: medians): 0.29 ms less at B = 2, 0.21 at 3, 0.09 at 4, 0.01 at 6, where the B
+#: products per value cost what the GEMM's extra pass over the 2 MiB weight saves.
 LOW_RANK_MAX_BATCH = 5
 
 
