@@ -548,9 +548,14 @@ def best_of(figs: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 def _median_or_none(values: list[Any]) -> Any:
     """The median of the values that exist; None when none does (e.g. the test accuracy
-    of a config without a central test set)."""
+    of a config without a central test set). Counts (ints: cores, MiB) take the lower
+    median, one of the values, so they stay ints ("d" in the report)."""
     present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+    if not present:
+        return None
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return statistics.median_low(present)
+    return statistics.median(present)
 
 
 def _fmt(value: float | None, spec: str) -> str:

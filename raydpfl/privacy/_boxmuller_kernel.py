@@ -278,5 +278,5 @@ def add_low_rank(out, seed, std, g, a):
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def add_low_rank32(out, seed, std, g, a):
     """`add_low_rank` for float32 (`add32`'s values): a small batch's Linear weight
-    update −(lr/B)·Σ_b a_b g_b x_bᵀ and its noise in one pass over the weight."""
+    update and its noise in one pass over the weight (`raydpfl.privacy.dpsgd`)."""
     _loop_low_rank(out, seed, f32(std), g, a, pair32)

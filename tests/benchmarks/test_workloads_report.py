@@ -54,6 +54,23 @@ def test_median_skips_missing_values_and_is_none_when_all_are_missing():
     assert figs["seconds_per_round"] == 1.1
 
 
+def test_a_report_over_several_repeats_keeps_counts_whole():
+    """--repeats 2: the medians of ints (cores) stay ints, and the report, which formats
+    them with "d", is written (it crashed on 2.0 before, after the whole W1 run)."""
+    w = _workloads()
+    assert w._median_or_none([2, 2]) == 2 and isinstance(w._median_or_none([2, 2]), int)
+    assert w._median_or_none([1, 3, 2, 4]) == 2
+    runs = {"raydpfl_ray": [_timed(1.0, cores=2), _timed(1.2, cores=2)]}
+    figs = {name: w._median_figures(r) for name, r in runs.items()}
+    assert figs["raydpfl_ray"]["cores"] == 2
+    assert figs["raydpfl_ray"]["seconds_per_round"] == pytest.approx(1.1)
+    work = {"round_samples": [40, 40, 40, 40], "round_clients": [4, 4, 4, 4], "total_samples": 160}
+    args = argparse.Namespace(repeats=2, threads=1)
+    lines = w.report_lines("w1", figs, w._ratios(figs, runs), [], work, runs, args)
+    row = next(line for line in lines if line.startswith("raydpfl_ray"))
+    assert " 2 " in row
+
+
 def test_report_formats_a_missing_accuracy_as_a_dash():
     w = _workloads()
     runs = {"raydpfl_local": [_run(None)], "floor_per_sample": [_run(0.8)]}
