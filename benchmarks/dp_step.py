@@ -27,14 +27,12 @@ benchmarks/results/dp_step-<UTC>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +41,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _results import write_result  # noqa: E402
 
 from raydpfl.backends.allocator import tune_allocator  # noqa: E402
 from raydpfl.models.zoo import FedAvgCNN  # noqa: E402
@@ -182,27 +181,21 @@ def main(argv: list[str] | None = None) -> None:
         f"1-min load {load[0]:.2f} -> "
         f"{load[1]:.2f}"
     )
-    results = ROOT / "benchmarks" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = results / f"dp_step-{stamp}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "batches": args.batches,
-                "steps_per_kind": args.steps,
-                "data": source,
-                "low_rank_max_batch": DEFAULT_LOW_RANK_MAX,
-                "allocator_tuned": tuned,
-                "figures": figures,
-                "loadavg_1min": load,
-                "cpu_count": os.cpu_count(),
-                "torch": torch.__version__,
-            },
-            indent=2,
-        )
+    write_result(
+        ROOT,
+        "dp_step",
+        {
+            "batches": args.batches,
+            "steps_per_kind": args.steps,
+            "data": source,
+            "low_rank_max_batch": DEFAULT_LOW_RANK_MAX,
+            "allocator_tuned": tuned,
+            "figures": figures,
+            "loadavg_1min": load,
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+        },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

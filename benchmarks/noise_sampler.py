@@ -17,12 +17,10 @@ benchmarks/results/noise_sampler-<UTC>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from _results import write_result  # noqa: E402
 
 from raydpfl.privacy import counter_noise  # noqa: E402
 from raydpfl.privacy.dpsgd import fill_gaussian_  # noqa: E402
@@ -79,29 +78,23 @@ def main(argv: list[str] | None = None) -> None:
         + ", ".join(f"{name} {s:.2f} s" for name, s in first_call.items())
         + f"; 1-min load {load[0]:.2f} -> {load[1]:.2f}"
     )
-    results = ROOT / "benchmarks" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = results / f"noise_sampler-{stamp}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "values": args.values,
-                "calls": args.calls,
-                "figures": figs,
-                "torch_over_ziggurat_best": ratios["ziggurat"],
-                "torch_over_boxmuller_best": ratios["boxmuller"],
-                # the ziggurat's (this key's meaning before boxmuller was added)
-                "first_call_seconds": first_call["ziggurat"],
-                "first_call_seconds_by_sampler": first_call,
-                "loadavg_1min": load,
-                "cpu_count": os.cpu_count(),
-                "torch": torch.__version__,
-            },
-            indent=2,
-        )
+    write_result(
+        ROOT,
+        "noise_sampler",
+        {
+            "values": args.values,
+            "calls": args.calls,
+            "figures": figs,
+            "torch_over_ziggurat_best": ratios["ziggurat"],
+            "torch_over_boxmuller_best": ratios["boxmuller"],
+            # the ziggurat's (this key's meaning before boxmuller was added)
+            "first_call_seconds": first_call["ziggurat"],
+            "first_call_seconds_by_sampler": first_call,
+            "loadavg_1min": load,
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+        },
     )
-    print(f"wrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

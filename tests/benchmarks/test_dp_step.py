@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _module():
     name = "benchmarks_dp_step"
     if name not in sys.modules:
+        sys.path.insert(0, str(ROOT / "benchmarks"))  # for its `_results` import
         spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "dp_step.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
