@@ -50,6 +50,8 @@ from raydpfl.privacy.bookkeeping import BookkeepingClipping  # noqa: E402
 from raydpfl.privacy.noise_samplers import seeded_stream  # noqa: E402
 
 STEPS_PER_CLIENT = 5
+#: The library's threshold, restored after every `dp_gemm` step.
+DEFAULT_LOW_RANK_MAX = dpsgd.LOW_RANK_MAX_BATCH
 
 
 def _images(n: int) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -129,9 +131,6 @@ def _stepper(batch: int, x: torch.Tensor, y: torch.Tensor) -> dict[str, Callable
         return dp
 
     return {"sgd": sgd, "dp": dp_with(DEFAULT_LOW_RANK_MAX), "dp_gemm": dp_with(0)}
-
-
-DEFAULT_LOW_RANK_MAX = dpsgd.LOW_RANK_MAX_BATCH
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -460,11 +460,11 @@ def _add_weighted_grads(
             a2, g2 = rec.inputs.reshape(-1, rec.inputs.shape[-1]), gw.reshape(-1, gw.shape[-1])
             acc = total.get(prefix + "weight")
             if low_rank is not None and acc is not None and rec.inputs.dim() == 2:
-                factors = (g2 * scale, a2)
+                g_scaled = g2 * scale
                 before = low_rank.get(prefix + "weight")
-                if before is not None:
-                    factors = (torch.cat((before[0], factors[0])), torch.cat((before[1], a2)))
-                low_rank[prefix + "weight"] = factors
+                if before is not None:  # a second chunk: its rows after the first's
+                    g_scaled, a2 = torch.cat((before[0], g_scaled)), torch.cat((before[1], a2))
+                low_rank[prefix + "weight"] = (g_scaled, a2)
             elif acc is not None:
                 acc.addmm_(g2.t(), a2, alpha=scale)
             else:

@@ -60,12 +60,13 @@ from raydpfl.privacy.counter_noise import CounterNoiseGenerator, kernel_fill
 MAX_ABS = math.sqrt(2.0 * 54 * math.log(2.0))
 
 
-def _kernel(kind: str, out: np.ndarray, seed: int, std: float) -> None:
-    """Runs kernel `kind` ("fill" or "add") for `out`'s dtype: the float32 path
-    (`fill32`, `add32`) or the float64 one (step 5 of the format)."""
+def _kernel(kind: str, out: np.ndarray, seed: int, std: float, *factors: np.ndarray) -> None:
+    """Runs kernel `kind` ("fill", "add" or "add_low_rank", the last with its factors
+    g, a) for `out`'s dtype: the float32 path (`fill32`, ...) or the float64 one (step 5
+    of the format)."""
     name = kind + "32" if out.dtype == np.float32 else kind
     kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller", name)(
-        out, np.uint64(seed), float(std)
+        out, np.uint64(seed), float(std), *factors
     )
 
 
@@ -79,10 +80,7 @@ def _add(out: np.ndarray, seed: int, std: float) -> None:  # out + _fill's value
 
 def _add_low_rank(out: np.ndarray, seed: int, std: float, g: np.ndarray, a: np.ndarray) -> None:
     """(out + Σ_b g[b]ᵀ a[b]) + _fill's values, `out` the flat q×p matrix, one pass."""
-    name = "add_low_rank32" if out.dtype == np.float32 else "add_low_rank"
-    kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller", name)(
-        out, np.uint64(seed), float(std), g, a
-    )
+    _kernel("add_low_rank", out, seed, std, g, a)
 
 
 class BoxMullerGenerator(CounterNoiseGenerator):
