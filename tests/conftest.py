@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from raydpfl.algorithms.base import ClientTask
 from raydpfl.config import Config, config_from_dict
+from raydpfl.privacy.kernel import GaussianRelease, LaplaceRelease, uses
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -56,7 +58,7 @@ def small_config(**sections) -> Config:
 def dp_task() -> ClientTask:
     """Client 0's round-0 DP-SGD task for `small_config`'s data: 2 steps, q = 0.1, C = 1,
     σ = 1 (what a worker runs when it is asked to train that client)."""
-    return ClientTask(
+    return ClientTask.dp_sgd(
         client_id=0,
         round_idx=0,
         local_steps=2,
@@ -80,3 +82,24 @@ def override(raw: dict, **sections) -> dict:
         else:
             node[last] = value
     return raw
+
+
+def release_scale(task: ClientTask) -> float:
+    """The noise std (Gaussian) or scale (Laplace) of the task's one full-batch release."""
+    (use,) = task.mechanisms
+    m = use.mechanism
+    return m.noise_scale if isinstance(m, LaplaceRelease) else m.noise_std
+
+
+def with_release_scale(task: ClientTask, scale: float) -> ClientTask:
+    """`task` with its one full-batch release's noise std (or Laplace scale) set to
+    `scale` at the same sensitivity; 0 makes it noise-free (a zero-noise Gaussian)."""
+    (use,) = task.mechanisms
+    m = use.mechanism
+    if scale == 0:
+        new = GaussianRelease(0.0, m.sensitivity)
+    elif isinstance(m, LaplaceRelease):
+        new = LaplaceRelease(scale / m.sensitivity, m.sensitivity)
+    else:
+        new = GaussianRelease(scale / m.sensitivity, m.sensitivity)
+    return dataclasses.replace(task, mechanisms=(uses(new, use.count),))

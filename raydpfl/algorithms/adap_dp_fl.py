@@ -97,7 +97,7 @@ from raydpfl.privacy.accountants import (
     validate_accountant,
     validate_delta,
 )
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.kernel import SubsampledGaussian, uses
 
 LossSource = Literal["dp_followup", "metric"]
 ClipEstimator = Literal["noisy", "debiased"]
@@ -333,17 +333,18 @@ class AdapDpFl(Algorithm):
         self.history.append(self._train_entry(sigma))
         self.rounds_done += 1
         self._round_sigma = sigma
-        cost = PrivacyCost(sigma, self.sampling_rate, self.local_steps)
         tasks = [
             ClientTask(
                 client_id=c,
                 round_idx=round_idx,
                 local_steps=self.local_steps,
                 lr=self.lr,
-                sampling_rate=self.sampling_rate,
-                clip_norm=self.clip_for(c),
-                noise_multiplier=sigma,
-                privacy_cost=cost,
+                mechanisms=(
+                    uses(
+                        SubsampledGaussian(sigma, self.clip_for(c), self.sampling_rate),
+                        self.local_steps,
+                    ),
+                ),
             )
             for c in cohort
         ]
@@ -394,17 +395,17 @@ class AdapDpFl(Algorithm):
         if self.epsilon_with([loss_entry, self._train_entry(self.sigma)]) > self.epsilon:
             return []
         self.history.append(loss_entry)
-        cost = PrivacyCost(*loss_entry)
+        query = SubsampledGaussian(
+            self.loss_noise_multiplier, self.loss_clip, self.loss_sampling_rate
+        )
+        assert query.cost(1).as_triple() == loss_entry  # the schedule's history is the charge
         return [
             ClientTask(
                 client_id=r.client_id,
                 round_idx=round_idx,
                 local_steps=0,
                 lr=0.0,
-                sampling_rate=self.loss_sampling_rate,
-                clip_norm=self.loss_clip,
-                noise_multiplier=self.loss_noise_multiplier,
-                privacy_cost=cost,
+                mechanisms=(uses(query, 1),),
                 kind=DP_LOSS,
             )
             for r in results
@@ -511,25 +512,16 @@ def dp_loss_query(
 ) -> ClientResult:
     """(Σ_{i∈B} min(ℓ_i, L) + N(0, σ_ℓ²L²)) / (q_ℓ·|D|) of the model `params`.
 
-    B is a Poisson(q_ℓ = task.sampling_rate) sample of the client's training records,
-    ℓ_i the cross-entropy of record i, L = task.clip_norm, σ_ℓ = task.noise_multiplier.
+    B is a Poisson(q_ℓ) sample of the client's training records, ℓ_i the cross-entropy
+    of record i; q_ℓ, L and σ_ℓ are the task's declared `SubsampledGaussian`.
     Each record adds at most L to the sum, so this is one step of the sampled Gaussian
     mechanism, `PrivacyCost(σ_ℓ, q_ℓ, 1)`: FedFDP's loss upload, through the same
     `local_dp_sgd.noisy_loss_query` (losses also clipped below at 0, a NaN loss counted
     as L), in float32 as this algorithm always computed it.
     """
-    assert task.sampling_rate is not None and task.clip_norm is not None
     n = data.num_examples
     # the shared noisy loss query (FedFDP's loss upload), in the losses' float32
-    value, _ = noisy_loss_query(
-        ctx,
-        params,
-        data,
-        sampling_rate=task.sampling_rate,
-        clip_bound=task.clip_norm,
-        noise_multiplier=task.noise_multiplier,
-        precision="native",
-    )
+    value, _ = noisy_loss_query(ctx, params, data, task, precision="native")
     return ClientResult(
         client_id=task.client_id,
         update={},

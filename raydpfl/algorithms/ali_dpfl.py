@@ -25,11 +25,12 @@ aggregation: raw-data statistics the paper leaves unaccounted. They are named in
 iterations per round for K = min(R_s, ⌊R_c/τ⌋) rounds (A17), same DP-SGD and caps.
 
 Privacy (unit: one training record of one client, add/remove adjacency): each round's
-task declares `PrivacyCost(σ, q, τ_k)` and is charged to the client's ledger before
-dispatch; the ledger's accountant is the source of truth for the reported ε. R_c only
-decides when to stop: under ``rc_mode="paper_compat"`` it follows the paper's classic
-conversion, which may overshoot the budget by ≤ 0.01 in classic terms, but the ledger
-refuses any task that its own (tighter) accountant would put above ε.
+task declares τ_k uses of `SubsampledGaussian(σ, C, q)`, charged `PrivacyCost(σ, q, τ_k)`
+to the client's ledger before dispatch; the ledger's accountant is the source of truth
+for the reported ε. R_c only decides when to stop: under ``rc_mode="paper_compat"`` it
+follows the paper's classic conversion, which may overshoot the budget by ≤ 0.01 in
+classic terms, but the ledger refuses any task that its own (tighter) accountant would put
+above ε.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from raydpfl.algorithms.base import (
     uniform_cohort,
 )
 from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.kernel import SubsampledGaussian, uses
 
 #: Guards the division by ‖w^i − w‖ in the μ estimate (§4.6.1 [REC]).
 MU_EPS = 1e-12
@@ -224,9 +225,8 @@ class AliDpfl(Algorithm):
         self.tau_current = tau
         self.iterations_done += tau
         self.rounds_done += 1
-        cost = PrivacyCost(
-            noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate, steps=tau
-        )
+        step = SubsampledGaussian(self.noise_multiplier, self.clip_norm, self.sampling_rate)
+        steps = (uses(step, tau),)
         extras = {"estimate_gamma": 1.0} if self.gamma_mode == "code_estimate" else {}
         return [
             ClientTask(
@@ -234,10 +234,7 @@ class AliDpfl(Algorithm):
                 round_idx=round_idx,
                 local_steps=tau,
                 lr=self.lr,
-                sampling_rate=self.sampling_rate,
-                clip_norm=self.clip_norm,
-                noise_multiplier=self.noise_multiplier,
-                privacy_cost=cost,
+                mechanisms=steps,
                 extras=extras,
             )
             for c in cohort

@@ -7,8 +7,12 @@ inside a `ClientWorker`, which may be another process: it sees only the task, th
 broadcast parameters and the client's data, never the server state. Backends decide
 where clients run, never what they compute.
 
-Every privacy-relevant release is declared in the task (`ClientTask.privacy_cost`)
-before it happens, so the server can charge the client's ledger before dispatch.
+Every privacy-relevant release is declared in the task as mechanism uses
+(`ClientTask.mechanisms`, `raydpfl.privacy.kernel`), so the server charges the client's
+ledger before dispatch with exactly those mechanisms' events. The client half draws every
+noisy release through the worker's `PrivacySession` for the task (`ClientContext.privacy`),
+which hands out only the declared mechanisms and counts their invocations; the receipt
+goes back with the result and the server refuses one that differs from the charge.
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ import torch
 from torch import nn
 
 from raydpfl.privacy.dpsgd import ClippedSumEngine
+from raydpfl.privacy.kernel import (
+    MechanismUse,
+    PrivacySession,
+    Receipt,
+    SubsampledGaussian,
+    costs_of,
+)
 from raydpfl.privacy.ledger import PrivacyCost
 
 Params = dict[str, torch.Tensor]
@@ -37,34 +48,118 @@ class ClientTask:
         round_idx: 0-based round.
         local_steps: τ, the number of local optimisation steps.
         lr: Local learning rate η.
-        sampling_rate: Poisson rate q of DP-SGD (None for non-private training).
-        clip_norm: Per-sample clip bound C (None for non-private training).
-        noise_multiplier: σ; noise std on the clipped sum is σ·C.
+        mechanisms: The randomised releases the task makes about the client's records,
+            each a mechanism (`raydpfl.privacy.kernel`: σ, bound, sampling rate) and how
+            many times it is invoked. The server charges exactly these before dispatch;
+            the worker hands the client half only these (`ClientContext.privacy`) and
+            the result's receipt must match them. Empty: the task releases nothing that
+            needs accounting.
         batch_size: Minibatch size for non-private training.
-        privacy_cost: The cost declared for the client's ledger; None means the task
-            releases nothing about the client's training records that needs accounting.
         model_key: Which broadcast model the client starts from.
-        extras: Algorithm-specific scalars (λ, a global loss, a cluster id...).
+        extras: Algorithm-specific scalars (λ, a global loss, a cluster id...). Never a
+            noise parameter: noise comes from `mechanisms` only.
         kind: What the client half does: ``train`` (the round's local update) or an
             algorithm-defined follow-up (e.g. ALI-DPFL's ``mu_stats``). It also names
             the client's RNG stream, so a follow-up never replays the training draws.
         payload: Per-client tensors sent with the task (e.g. the client's own last local
             model, which a stateless worker no longer holds).
+
+    The DP-SGD view (`sampling_rate`, `clip_norm`, `noise_multiplier`) and the charge
+    (`privacy_costs`) are read-only, derived from `mechanisms`.
     """
 
     client_id: int
     round_idx: int
     local_steps: int
     lr: float
-    sampling_rate: float | None = None
-    clip_norm: float | None = None
-    noise_multiplier: float = 0.0
+    mechanisms: tuple[MechanismUse, ...] = ()
     batch_size: int | None = None
-    privacy_cost: PrivacyCost | None = None
     model_key: str = "global"
     extras: Mapping[str, float] = field(default_factory=dict)
     kind: str = "train"
     payload: Mapping[str, torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        mechanisms = tuple(self.mechanisms)
+        for use in mechanisms:
+            if not isinstance(use, MechanismUse):
+                raise TypeError(
+                    "ClientTask.mechanisms holds MechanismUse values "
+                    "(raydpfl.privacy.kernel.uses(mechanism, count)), got "
+                    f"{type(use).__name__}"
+                )
+        object.__setattr__(self, "mechanisms", mechanisms)
+
+    @classmethod
+    def dp_sgd(
+        cls,
+        client_id: int,
+        round_idx: int,
+        local_steps: int,
+        lr: float,
+        *,
+        noise_multiplier: float,
+        clip_norm: float,
+        sampling_rate: float,
+        invocations: int | None = None,
+        **fields: Any,
+    ) -> ClientTask:
+        """A task of `local_steps` DP-SGD steps: it declares `invocations` (default τ)
+        uses of `SubsampledGaussian(noise_multiplier, clip_norm, sampling_rate)`."""
+        mechanism = SubsampledGaussian(noise_multiplier, clip_norm, sampling_rate)
+        count = local_steps if invocations is None else invocations
+        return cls(
+            client_id=client_id,
+            round_idx=round_idx,
+            local_steps=local_steps,
+            lr=lr,
+            mechanisms=(MechanismUse(mechanism, count),),
+            **fields,
+        )
+
+    @property
+    def privacy_costs(self) -> tuple[PrivacyCost, ...]:
+        """The ledger events the task is charged, one per declared mechanism, in order."""
+        return costs_of(self.mechanisms)
+
+    @property
+    def privacy_cost(self) -> PrivacyCost | None:
+        """The one event of a task that declares one mechanism (None if it declares none).
+
+        Raises:
+            ValueError: If the task declares several (read `privacy_costs`).
+        """
+        costs = self.privacy_costs
+        if len(costs) > 1:
+            raise ValueError(
+                f"task of client {self.client_id} declares {len(costs)} mechanisms; "
+                "read privacy_costs"
+            )
+        return costs[0] if costs else None
+
+    def _dp_sgd(self) -> SubsampledGaussian | None:
+        found = [
+            u.mechanism for u in self.mechanisms if isinstance(u.mechanism, SubsampledGaussian)
+        ]
+        return found[0] if len(found) == 1 else None
+
+    @property
+    def sampling_rate(self) -> float | None:
+        """q of the task's one `SubsampledGaussian` (None without exactly one)."""
+        m = self._dp_sgd()
+        return None if m is None else m.sampling_rate
+
+    @property
+    def clip_norm(self) -> float | None:
+        """C of the task's one `SubsampledGaussian` (None without exactly one)."""
+        m = self._dp_sgd()
+        return None if m is None else m.clip_norm
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ of the task's one `SubsampledGaussian` (0.0 without exactly one)."""
+        m = self._dp_sgd()
+        return 0.0 if m is None else m.noise_multiplier
 
 
 @dataclass
@@ -76,6 +171,9 @@ class ClientResult:
     weight: float
     num_examples: int
     metrics: dict[str, float] = field(default_factory=dict)
+    #: What the task's mechanisms were invoked (set by the worker from its session;
+    #: checked by the server against the charge).
+    receipt: Receipt | None = None
 
 
 @dataclass
@@ -112,12 +210,29 @@ class ClientContext:
             or torch.func; see `raydpfl.privacy.engines.make_engine`).
         generator: The client's RNG stream for this round (sampling and noise).
         device: Where tensors live.
+        privacy: The task's declared mechanisms, live (`raydpfl.privacy.kernel`): the
+            only way a client half draws a charged release. Set by the worker; see
+            `privacy_session` for direct calls.
     """
 
     model: nn.Module
     clipping: ClippedSumEngine
     generator: torch.Generator
     device: torch.device
+    privacy: PrivacySession | None = None
+    _direct: PrivacySession | None = field(default=None, repr=False, compare=False)
+
+
+def privacy_session(ctx: ClientContext, task: ClientTask) -> PrivacySession:
+    """The task's privacy session: the worker's (`ctx.privacy`, whatever task object the
+    client half passes around), or, when a client half is called directly (tests,
+    notebooks), one built from `task.mechanisms` on the context's stream and kept on `ctx`
+    for that declaration, so every release of the call is counted once."""
+    if ctx.privacy is not None:
+        return ctx.privacy
+    if ctx._direct is None or ctx._direct.declared != task.mechanisms:
+        ctx._direct = PrivacySession(task.mechanisms, ctx.generator, ctx.device)
+    return ctx._direct
 
 
 class WeightedUpdateSum:
@@ -136,6 +251,13 @@ class WeightedUpdateSum:
         self.count = 0
         self.metric_sums: dict[str, float] = {}
         self.metric_counts: dict[str, int] = {}
+        #: (client_id, receipt) of every added client, in the order added.
+        self.receipts: list[tuple[int, Receipt | None]] = []
+
+    def add_result(self, result: ClientResult) -> None:
+        """Adds one client's result: its update, weight and metrics, and its receipt."""
+        self.add(result.update, result.weight, result.metrics)
+        self.receipts.append((result.client_id, result.receipt))
 
     def add(self, update: Params, weight: float, metrics: Mapping[str, float] = {}) -> None:
         """Adds one client's update with its weight (and its metrics, for means)."""
@@ -193,6 +315,7 @@ class WeightedUpdateSum:
                     self.total[n].add_(t)
         self.weight += other.weight
         self.count += other.count
+        self.receipts.extend(other.receipts)
         for k, v in other.metric_sums.items():
             self.metric_sums[k] = self.metric_sums.get(k, 0.0) + v
             self.metric_counts[k] = self.metric_counts.get(k, 0) + other.metric_counts[k]

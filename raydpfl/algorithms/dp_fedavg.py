@@ -7,7 +7,8 @@ model. The server takes the |D_i|-weighted mean of the updates (FedAvg).
 
 Privacy (unit: one training record of one client; add/remove adjacency): a
 participating client runs τ Poisson-subsampled Gaussian steps on its own records, so
-its task declares `PrivacyCost(σ, q, τ)` and the server charges that client's ledger
+its task declares τ uses of `SubsampledGaussian(σ, C, q)` (charged `PrivacyCost(σ, q, τ)`),
+and the server charges that client's ledger
 before dispatch. Client selection is treated as public: no amplification from it is
 claimed, and clients are charged only for the rounds they take part in. Everything
 the server sees from a client is post-processing of its DP-SGD outputs, except the
@@ -37,6 +38,7 @@ from raydpfl.algorithms.base import (
     ClientTask,
     Params,
     WeightedUpdateSum,
+    privacy_session,
     uniform_cohort,
 )
 
@@ -45,7 +47,7 @@ from raydpfl.algorithms.base import (
 from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
 from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
 from raydpfl.privacy import multi_client
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.kernel import SubsampledGaussian, uses
 
 __all__ = ["DPFedAvg", "Normalizer", "dp_sgd_local_update"]
 
@@ -95,24 +97,21 @@ class DPFedAvg(ServerOptimizerMixin, Algorithm):
     def plan(
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
     ) -> list[ClientTask]:
-        cost = PrivacyCost(
-            noise_multiplier=self.noise_multiplier,
-            sampling_rate=self.sampling_rate,
-            steps=self.local_steps,
-        )
+        steps = (uses(self.dp_sgd_mechanism(), self.local_steps),)
         return [
             ClientTask(
                 client_id=c,
                 round_idx=round_idx,
                 local_steps=self.local_steps,
                 lr=self.lr,
-                sampling_rate=self.sampling_rate,
-                clip_norm=self.clip_norm,
-                noise_multiplier=self.noise_multiplier,
-                privacy_cost=cost,
+                mechanisms=steps,
             )
             for c in cohort
         ]
+
+    def dp_sgd_mechanism(self) -> SubsampledGaussian:
+        """One DP-SGD step's mechanism: Poisson(q), clip C, noise σ·C."""
+        return SubsampledGaussian(self.noise_multiplier, self.clip_norm, self.sampling_rate)
 
     def unaccounted_releases(self) -> list[str]:
         return [
@@ -198,7 +197,7 @@ class DPFedAvg(ServerOptimizerMixin, Algorithm):
         if not self.supports_group(tasks):
             acc = WeightedUpdateSum()
             for r in self.local_update_group(ctxs, params, datas, tasks):
-                acc.add(r.update, r.weight, r.metrics)
+                acc.add_result(r)
             return acc
         out = self._train_group(ctxs, params, datas, tasks)
         weights = [float(d.num_examples) for d in datas]
@@ -214,22 +213,29 @@ class DPFedAvg(ServerOptimizerMixin, Algorithm):
         tasks: Sequence[ClientTask],
     ) -> multi_client.MultiClientResult:
         first = tasks[0]
-        assert first.sampling_rate is not None and first.clip_norm is not None
+        # Each client's declared DP-SGD mechanism, live in its own session (one stream each).
+        lives = [privacy_session(c, t).dp_sgd() for c, t in zip(ctxs, tasks, strict=True)]
+        mech = lives[0].mechanism
+        if any(live.mechanism != mech for live in lives):
+            raise ValueError("a vectorised group must share one DP-SGD mechanism")
         data0 = datas[0]
         if any(d.x is not data0.x or d.y is not data0.y for d in datas):
             raise ValueError("a vectorised group must share one resident data pool")
-        return multi_client.for_model(ctxs[0].model).run(
+        out = multi_client.for_model(ctxs[0].model).run(
             params,
             data0.x,
             data0.y,
             [d.indices for d in datas],
-            [c.generator for c in ctxs],
+            [live.generator for live in lives],
             local_steps=first.local_steps,
             lr=first.lr,
-            sampling_rate=first.sampling_rate,
-            clip_norm=first.clip_norm,
-            noise_multiplier=first.noise_multiplier,
+            sampling_rate=mech.sampling_rate,
+            clip_norm=mech.clip_norm,
+            noise_multiplier=mech.noise_multiplier,
         )
+        for live in lives:  # the engine drew τ Poisson batches and noises per client
+            live.count_vectorised_steps(first.local_steps)
+        return out
 
 
 def _group_key(task: ClientTask) -> tuple:

@@ -336,7 +336,7 @@ class DPFedAvgClientLevel(Algorithm):
                 batch_size=self.batch_size,
                 # S_t: the round's bound (it moves with adaptive clipping); the task carries
                 # it because the workers' copy of this object is the one built at start.
-                clip_norm=self.current_clip_norm,
+                extras={"update_clip_norm": self.current_clip_norm},
             )
             for c in cohort
         ]
@@ -425,7 +425,7 @@ class DPFedAvgClientLevel(Algorithm):
         add this client's N(0, σ²S²/K) share from its own stream)."""
         trained = FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
         norm = update_norm(trained.update)
-        clip = task.clip_norm if task.clip_norm is not None else self.clip_norm
+        clip = float(task.extras.get("update_clip_norm", self.clip_norm))
         update = clip_update(trained.update, clip, self.clipping == "per_layer")
         if self.noise == "distributed":
             assert self.cohort_size is not None

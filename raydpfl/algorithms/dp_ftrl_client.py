@@ -218,7 +218,6 @@ class DPFTRLClientLevel(Algorithm):
                 local_steps=self.local_steps,
                 lr=self.lr,
                 batch_size=self.batch_size,
-                clip_norm=self.clip_norm,
             )
             for c in cohort
         ]

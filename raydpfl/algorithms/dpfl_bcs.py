@@ -77,10 +77,16 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
+    privacy_session,
 )
 from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
-from raydpfl.privacy import secure_noise
-from raydpfl.privacy.dpsgd import standard_normal_like
+from raydpfl.privacy.kernel import (
+    CertifiedGaussianRelease,
+    GaussianRelease,
+    LaplaceRelease,
+    laplace_noise,  # noqa: F401  (re-exported: the Laplace draw lives in the kernel)
+    uses,
+)
 from raydpfl.privacy.ledger import PrivacyCost
 
 Mechanism = Literal["gaussian", "laplace", "none"]
@@ -104,16 +110,6 @@ def learning_rate(lr0: float, tau: float, t: int) -> float:
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """min(1, B/‖g‖): the seed's per-sample clipping rule (L2 for GM, L1 for LM, §6.5 b)."""
     return torch.clamp(clip / (norms + 1e-12), max=1.0)
-
-
-def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device) -> Any:
-    """i.i.d. Laplace(0, b) as b·(E₁ − E₂) with E ~ Exp(1) (exact; from the client's
-    stream, or from os.urandom for a secure-noise stream)."""
-    if secure_noise.is_secure(generator):
-        return secure_noise.laplace(shape, scale, torch.get_default_dtype(), device)
-    e1 = torch.empty(shape, device=device).exponential_(generator=generator)
-    e2 = torch.empty(shape, device=device).exponential_(generator=generator)
-    return (e1 - e2) * scale
 
 
 class DpflBcs(Algorithm):
@@ -290,21 +286,27 @@ class DpflBcs(Algorithm):
 
     def cost_of(self, client: int) -> PrivacyCost | None:
         """What one participation of `client` in the current stage is charged."""
+        mech = self.mechanism_of(client, 1.0)
+        return None if mech is None else mech.cost(1)
+
+    def mechanism_of(
+        self, client: int, sensitivity: float
+    ) -> GaussianRelease | LaplaceRelease | None:
+        """The release one participation of `client` makes in the current stage: its
+        noise multiplier (or Laplace scale) over the step's `sensitivity`."""
         if not self.private:
             return None
         mult = float(self.multiplier[client])
         if self.mechanism == "laplace":
-            return PrivacyCost(mult, 1.0, 1, "laplace")
+            return LaplaceRelease(mult, sensitivity)
         if self.calibration == "paper_alg2":
-            return PrivacyCost(
+            return CertifiedGaussianRelease(
                 mult,
-                1.0,
-                1,
-                "approx_dp",
+                sensitivity,
                 epsilon=float(self.share[client]),
                 delta=float(self.share_delta[client]),
             )
-        return PrivacyCost(mult, 1.0, 1)
+        return GaussianRelease(mult, sensitivity)
 
     def available(self) -> np.ndarray:
         """The candidate set 𝒜: plan left in this stage, budget left, never refused."""
@@ -347,17 +349,15 @@ class DpflBcs(Algorithm):
                 sens = th.stage1_sensitivity(lr, self.clip, self.loss_bound, size)
             else:
                 sens = th.gradient_sensitivity(lr, self.clip, size)
-            scale = float(self.multiplier[c]) * sens if self.private else 0.0
+            release = self.mechanism_of(int(c), sens)
             tasks.append(
                 ClientTask(
                     client_id=int(c),
                     round_idx=round_idx,
                     local_steps=1,
                     lr=lr,
-                    clip_norm=self.clip if self.private else None,
-                    noise_multiplier=float(self.multiplier[c]),
-                    privacy_cost=self.cost_of(int(c)),
-                    extras={"noise_scale": scale, "stage1": float(stage1)},
+                    mechanisms=() if release is None else (uses(release, 1),),
+                    extras={"stage1": float(stage1)},
                 )
             )
         self._planned = [int(c) for c in cohort]
@@ -694,12 +694,6 @@ class DpflBcs(Algorithm):
             ]
             return float(torch.cat(losses).mean())
 
-    def _noise(self, shape: torch.Size, scale: float, ctx: ClientContext) -> torch.Tensor:
-        if self.mechanism == "laplace":
-            return laplace_noise(shape, scale, ctx.generator, ctx.device)
-        # The same draws as torch.randn(shape, generator) in research mode.
-        return standard_normal_like(torch.empty(shape, device=ctx.device), ctx.generator) * scale
-
     def _noisy_step(
         self,
         ctx: ClientContext,
@@ -715,7 +709,9 @@ class DpflBcs(Algorithm):
         lr = task.lr
         mean_grad = self._clipped_mean(ctx, trainable, x, y, const)
         step = {n: g * lr for n, g in mean_grad.items()}  # g_n^t = η_t·∇F_n
-        scale = float(task.extras.get("noise_scale", 0.0))
+        # One invocation of the task's declared release (none for a non-private baseline).
+        release = privacy_session(ctx, task).get().open() if task.mechanisms else None
+        scale = release.scale if release is not None else 0.0
         metrics: dict[str, float] = {}
         if task.extras.get("stage1", 0.0):
             model = {**trainable, **const}
@@ -723,11 +719,11 @@ class DpflBcs(Algorithm):
             local = {n: t.detach() - step[n] if n in step else t for n, t in model.items()}
             after = self._mean_clipped_loss(ctx, local, x, y)
             # The two losses are coordinates d+1, d+2 of the same release (Eq. 13, Alg. 2).
-            noise = self._noise(torch.Size([2]), scale, ctx) if scale > 0 else torch.zeros(2)
+            noise = release.noise(torch.Size([2])) if release and scale > 0 else torch.zeros(2)
             metrics["loss_before"] = (lr * before + float(noise[0])) / lr
             metrics["loss_after"] = (lr * after + float(noise[1])) / lr
         noisy = {
-            name: g + self._noise(g.shape, scale, ctx) if scale > 0 else g
+            name: g + release.noise(g.shape) if release and scale > 0 else g
             for name, g in step.items()
         }
         return noisy, metrics

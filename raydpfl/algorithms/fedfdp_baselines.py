@@ -58,7 +58,7 @@ from raydpfl.algorithms.local_dp_sgd import (
 from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
 from raydpfl.algorithms.tensor_state import pack_client_tensors, pack_tensors, unpack_tensor_state
 from raydpfl.privacy.dpsgd import WeightRule
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.kernel import SubsampledGaussian, uses
 
 LocalMode = Literal["epoch", "steps"]
 Normalizer = Literal["expected", "fixed"]
@@ -194,12 +194,10 @@ class LossUpload:
         self.clip_multiplier = clip_multiplier
         self.clip: dict[int, float] = {}
 
-    @property
-    def cost(self) -> PrivacyCost:
-        """One release per client per round: SGM(q_l, σ_l) with sensitivity C_l."""
-        return PrivacyCost(
-            noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate, steps=1
-        )
+    def mechanism(self, client_id: int) -> SubsampledGaussian:
+        """One release per client per round: SGM(q_l, σ_l) of losses clipped to the
+        client's current C_l (charged `PrivacyCost(σ_l, q_l, 1)` whatever C_l is)."""
+        return SubsampledGaussian(self.noise_multiplier, self.bound(client_id), self.sampling_rate)
 
     def bound(self, client_id: int) -> float:
         return self.clip.get(client_id, self.clip_init)
@@ -214,10 +212,7 @@ class LossUpload:
             round_idx=round_idx,
             local_steps=0,
             lr=0.0,
-            sampling_rate=self.sampling_rate,
-            noise_multiplier=self.noise_multiplier,
-            privacy_cost=self.cost,
-            extras={"loss_clip": self.bound(client_id)},
+            mechanisms=(uses(self.mechanism(client_id), 1),),
             kind="loss",
             payload=payload,
         )
@@ -251,20 +246,13 @@ def release_loss(
     ``raw_loss`` (the unclipped, noiseless batch mean) is a non-private diagnostic for the
     paper's Ψ variant; it is listed in the algorithm's unaccounted releases.
     """
-    assert task.sampling_rate is not None
     payload = task.payload or {}
     model_params = (
         {n: payload[f"w.{n}"] for n in params} if payload else {n: p for n, p in params.items()}
     )
     n = data.num_examples
-    noisy, losses = noisy_loss_query(  # the shared noisy loss query, in float64
-        ctx,
-        model_params,
-        data,
-        sampling_rate=task.sampling_rate,
-        clip_bound=float(task.extras["loss_clip"]),
-        noise_multiplier=task.noise_multiplier,
-    )
+    # the shared noisy loss query, in float64, through the task's declared mechanism
+    noisy, losses = noisy_loss_query(ctx, model_params, data, task)
     raw = float(losses.mean()) if losses.numel() else float("nan")
     return ClientResult(
         client_id=task.client_id,
@@ -330,19 +318,13 @@ class _Base(Algorithm):
 
     def _train_task(self, client: int, round_idx: int, size: int, **kw: Any) -> ClientTask:
         if self.is_private:
+            step = SubsampledGaussian(self.noise_multiplier, self.clip_norm, self.sampling_rate)
             return ClientTask(
                 client_id=client,
                 round_idx=round_idx,
                 local_steps=self.local_steps,
                 lr=self.lr,
-                sampling_rate=self.sampling_rate,
-                clip_norm=self.clip_norm,
-                noise_multiplier=self.noise_multiplier,
-                privacy_cost=PrivacyCost(
-                    noise_multiplier=self.noise_multiplier,
-                    sampling_rate=self.sampling_rate,
-                    steps=self.local_steps,
-                ),
+                mechanisms=(uses(step, self.local_steps),),
                 **kw,
             )
         if self.local_mode == "epoch":

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from scipy.optimize import minimize_scalar
 
-from raydpfl.algorithms._checks import _non_negative, _positive, _real
 from raydpfl.algorithms.ali_dpfl_theory import _paper_bisection
 from raydpfl.algorithms.local_dp_sgd import clip_losses, private_mean_loss
+from raydpfl.privacy._checks import _non_negative, _positive, _real
 from raydpfl.privacy.accountants import (
     ACCOUNTANTS,
     HistoryEntry,

@@ -64,7 +64,6 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from raydpfl.algorithms._checks import _non_negative, _positive
 from raydpfl.algorithms.base import (
     ClientContext,
     ClientData,
@@ -72,24 +71,31 @@ from raydpfl.algorithms.base import (
     ClientTask,
     Params,
     parameter_delta,
+    privacy_session,
 )
-from raydpfl.privacy.dpsgd import (
-    WeightRule,
-    add_gaussian_noise,
-    dp_sgd_gradient,
-    dp_sgd_step_,
-    poisson_sample,
-    standard_normal_like,
-)
+from raydpfl.privacy.dpsgd import WeightRule
+from raydpfl.privacy.kernel import Mechanism, SubsampledGaussian
+from raydpfl.privacy.loss_query import LossPrecision, clip_losses, private_mean_loss
+
+__all__ = [
+    "Correction",
+    "LossPrecision",
+    "Normalizer",
+    "batch_loss",
+    "clip_losses",
+    "dp_sgd_local_loop",
+    "dp_sgd_local_update",
+    "noisy_loss_query",
+    "per_sample_losses",
+    "private_mean_loss",
+    "step_divisor",
+]
 
 #: The divisor of one step's noisy clipped sum (see the module docstring).
 Normalizer = Literal["expected", "actual", "fixed"]
 #: A client-side gradient correction: (current params, start params, payload) → term, or
 #: None for no term this step. Evaluated at each step's start point; draws no randomness.
 Correction = Callable[[Params, Params, Mapping[str, torch.Tensor]], Params | None]
-#: Arithmetic of the noisy loss query: ``float64`` sums the clipped losses and adds the
-#: noise in double precision (FedFDP); ``native`` keeps the losses' dtype (Adap DP-FL).
-LossPrecision = Literal["float64", "native"]
 
 
 # --------------------------------------------------------------------------------------- #
@@ -107,6 +113,7 @@ def dp_sgd_local_loop(
     normalizer: Normalizer = "expected",
     fixed_divisor: float = 64.0,
     track_last_loss: bool = False,
+    mechanism: SubsampledGaussian | None = None,
 ) -> tuple[Params, dict[str, float]]:
     """Runs τ = `task.local_steps` DP-SGD steps on `params` in place.
 
@@ -114,8 +121,9 @@ def dp_sgd_local_loop(
         ctx: The worker's model, clipping engine and the client's RNG stream.
         params: The start model; trained in place.
         data: The client's training records.
-        task: Supplies τ, η (`lr`), q (`sampling_rate`), C (`clip_norm`), σ
-            (`noise_multiplier`) and the `payload` handed to `correction`.
+        task: Supplies τ, η (`lr`) and the `payload` handed to `correction`; q, C and σ
+            are those of the task's declared `SubsampledGaussian`, drawn through the
+            worker's privacy session (`ClientContext.privacy`), which counts each step.
         weight_rule: Per-sample weights (default flat clipping at C); FedFDP's fair
             clipping. Must keep every ‖a_i g_i‖ ≤ C (checked each step).
         correction: The data-independent gradient term at the step's start point
@@ -129,12 +137,16 @@ def dp_sgd_local_loop(
         track_last_loss: Adds ``last_step_loss_change``, the loss of the last step's
             batch after minus before that step (ALI-DPFL's Γ estimate; only when that
             batch is not empty).
+        mechanism: Which declared `SubsampledGaussian` the steps use, when the task
+            declares more than one (e.g. DP-SGD steps and a noisy loss query); default:
+            the task's only one.
 
     Returns:
         (a copy of the start params, metrics): ``last_step_loss_change`` (if tracked),
         ``mean_batch_size``, ``clipped_fraction``.
     """
-    assert task.sampling_rate is not None and task.clip_norm is not None
+    session = privacy_session(ctx, task)
+    dp_sgd = session.dp_sgd() if mechanism is None else session.get(mechanism)
     start = {name: p.detach().clone() for name, p in params.items()}
     payload = task.payload or {}
     n = data.num_examples
@@ -144,7 +156,7 @@ def dp_sgd_local_loop(
     for step in range(task.local_steps):
         # the correction at the step's start point (it draws no randomness)
         extra = correction(params, start, payload) if correction is not None else None
-        positions = poisson_sample(n, task.sampling_rate, ctx.generator)
+        positions = dp_sgd.sample(n)
         if normalizer == "actual" and positions.numel() == 0:
             batch_sizes.append(0)
             continue
@@ -153,18 +165,15 @@ def dp_sgd_local_loop(
         if last:
             before = batch_loss(ctx.model, params, x, y)
         divisor = step_divisor(
-            normalizer, task.sampling_rate, n, int(positions.numel()), fixed_divisor
+            normalizer, dp_sgd.sampling_rate, n, int(positions.numel()), fixed_divisor
         )
         if fused_correction:  # g first, then w ← w − η·(g + correction)
-            grad, stats = dp_sgd_gradient(
+            grad, stats = dp_sgd.gradient(
                 ctx.clipping,
                 params,
                 x,
                 y,
-                clip_norm=task.clip_norm,
-                noise_multiplier=task.noise_multiplier,
                 expected_batch_size=divisor,
-                generator=ctx.generator,
                 weight_rule=weight_rule,
             )
             with torch.no_grad():
@@ -172,16 +181,13 @@ def dp_sgd_local_loop(
                     term = grad[name] if extra is None else grad[name] + extra[name]
                     p.sub_(term, alpha=task.lr)
         else:
-            stats = dp_sgd_step_(  # w ← w − η·g, g the privatised gradient
+            stats = dp_sgd.step_(  # w ← w − η·g, g the privatised gradient
                 ctx.clipping,
                 params,
                 x,
                 y,
                 lr=task.lr,
-                clip_norm=task.clip_norm,
-                noise_multiplier=task.noise_multiplier,
                 expected_batch_size=divisor,
-                generator=ctx.generator,
                 weight_rule=weight_rule,
             )
             if extra is not None:  # w ← w − η·correction
@@ -224,6 +230,7 @@ def dp_sgd_local_update(
     normalizer: Normalizer = "expected",
     fixed_divisor: float = 64.0,
     track_last_loss: bool = False,
+    mechanism: SubsampledGaussian | None = None,
 ) -> ClientResult:
     """`dp_sgd_local_loop` with flat clipping and no correction, as a `ClientResult`:
     update = trained − start, weight |D|. The client half of DP-FedAvg, ALI-DPFL, Adap
@@ -236,6 +243,7 @@ def dp_sgd_local_update(
         normalizer=normalizer,
         fixed_divisor=fixed_divisor,
         track_last_loss=track_last_loss,
+        mechanism=mechanism,
     )
     n = data.num_examples
     return ClientResult(
@@ -267,106 +275,29 @@ def per_sample_losses(
         return F.cross_entropy(functional_call(model, params, (x,)), y, reduction="none")
 
 
-def clip_losses(losses: torch.Tensor, bound: float) -> torch.Tensor:
-    """clip(ℓ) = min(C_l, max(0, ℓ)) per sample (FedFDP Eq. 15).
-
-    The map is total and bounded: +inf → C_l, −inf → 0, and NaN → C_l (a NaN loss is
-    treated as the largest possible one). Passing a NaN through would make the release
-    NaN, which depends on a single record and has no sensitivity bound.
-
-    Args:
-        losses: Tensor of per-sample losses.
-        bound: C_l ≥ 0.
-    """
-    bound = _non_negative(bound, "bound")
-    if not isinstance(losses, torch.Tensor):
-        raise ValueError("losses must be a torch.Tensor")
-    return torch.nan_to_num(losses, nan=bound, posinf=bound, neginf=0.0).clamp(0.0, bound)
-
-
-def private_mean_loss(
-    losses: torch.Tensor,
-    *,
-    clip_bound: float,
-    noise_multiplier: float,
-    denominator: float,
-    generator: torch.Generator,
-    precision: LossPrecision = "float64",
-) -> float:
-    """(Σ_j clip(ℓ_j) + N(0, (σ_l·C_l)²)) / denominator (FedFDP Eq. 14, Alg. 2 L9–L11;
-    Adap DP-FL's noisy loss).
-
-    The clipped sum has sensitivity C_l under add/remove-one-record, so with a Poisson(q_l)
-    batch this is SGM(q_l, σ_l) whatever C_l is (the noise scales with C_l).
-
-    FedFDP's paper divides by the realised |B_i|; that count is data-dependent and is not
-    covered by the SGM analysis. Pass the expected batch q_l·|D_i| (FedFDP §11 A4 [REC],
-    as `raydpfl.privacy.dpsgd` does for gradients) or a fixed constant; an empty batch
-    then still releases pure noise, as it must.
-
-    Args:
-        losses: 1-D tensor of per-sample losses on the query batch (may be empty).
-        clip_bound: C_l ≥ 0 (0 releases exactly 0).
-        noise_multiplier: σ_l ≥ 0.
-        denominator: > 0, data-independent.
-        generator: The client's RNG stream; one standard normal is drawn from it.
-        precision: ``float64`` (FedFDP, DP q-FFL): sum and noise in double precision,
-            the draw a float64 normal (always drawn). ``native`` (Adap DP-FL): sum and
-            noise in the losses' dtype, no draw when σ_l·C_l = 0 (`dpsgd.add_gaussian_noise`).
-            The same mechanism; the two differ only in float rounding.
-
-    Returns:
-        The noisy mean loss (a Python float, may be negative).
-    """
-    clip_bound = _non_negative(clip_bound, "clip_bound")
-    noise_multiplier = _non_negative(noise_multiplier, "noise_multiplier")
-    denominator = _positive(denominator, "denominator")
-    if not isinstance(losses, torch.Tensor) or losses.ndim != 1:
-        raise ValueError("losses must be a 1-D torch.Tensor (one value per sample)")
-    if precision == "native":
-        total = clip_losses(losses, clip_bound).sum()
-        noisy = add_gaussian_noise({"loss": total}, noise_multiplier * clip_bound, generator)
-        return float(noisy["loss"]) / denominator
-    if precision != "float64":
-        raise ValueError(f"precision must be float64 or native, got {precision!r}")
-    total64 = float(clip_losses(losses, clip_bound).double().sum())
-    # torch.randn((), generator, dtype=float64) in research mode; os.urandom when secure.
-    z = float(
-        standard_normal_like(
-            torch.empty((), device=generator.device, dtype=torch.float64), generator
-        )
-    )
-    return (total64 + noise_multiplier * clip_bound * z) / denominator
-
-
 def noisy_loss_query(
     ctx: ClientContext,
     model_params: Params,
     data: ClientData,
+    task: ClientTask,
     *,
-    sampling_rate: float,
-    clip_bound: float,
-    noise_multiplier: float,
+    mechanism: Mechanism | None = None,
     precision: LossPrecision = "float64",
 ) -> tuple[float, torch.Tensor]:
     """The client half of a noisy loss query: a fresh Poisson(q_l) batch from the task's
     own stream (independent of any gradient batch, so the mechanisms compose), the
     per-sample losses of `model_params` on it, and `private_mean_loss` over them with
-    denominator q_l·|D|. One SGM(q_l, σ_l) release, `PrivacyCost(σ_l, q_l, 1)`.
+    clip bound C_l and denominator q_l·|D|. One invocation of the task's declared
+    `SubsampledGaussian(σ_l, C_l, q_l)` (`mechanism`, or the task's only one).
 
     Returns:
         (the noisy mean loss, the raw per-sample losses: a diagnostic, not a release).
     """
+    session = privacy_session(ctx, task)
+    query = session.get(mechanism) if mechanism is not None else session.get(SubsampledGaussian)
     n = data.num_examples
-    positions = poisson_sample(n, sampling_rate, ctx.generator)
+    positions = query.sample(n)
     x, y = data.batch(positions)
     losses = per_sample_losses(ctx.model, model_params, x, y)
-    noisy = private_mean_loss(
-        losses,
-        clip_bound=clip_bound,
-        noise_multiplier=noise_multiplier,
-        denominator=sampling_rate * n,
-        generator=ctx.generator,
-        precision=precision,
-    )
+    noisy = query.mean_loss(losses, denominator=query.sampling_rate * n, precision=precision)
     return noisy, losses

@@ -69,11 +69,13 @@ from raydpfl.algorithms.base import (
     ClientTask,
     Params,
     parameter_delta,
+    privacy_session,
     uniform_cohort,
 )
 from raydpfl.privacy.accountants import validate_accountant, validate_delta
 from raydpfl.privacy.calibration import max_steps_for, noise_multiplier_for
-from raydpfl.privacy.dpsgd import add_gaussian_noise, poisson_sample
+from raydpfl.privacy.dpsgd import poisson_sample
+from raydpfl.privacy.kernel import GaussianRelease, uses
 from raydpfl.privacy.ledger import PrivacyCost
 
 #: L2 sensitivity of a clipped update, in units of the clip bound S (add/remove one record).
@@ -208,9 +210,15 @@ class PeDpfl(Algorithm):
         self.rounds_done = 0
 
     @property
+    def release(self) -> GaussianRelease:
+        """One round's upload: the update clipped to S plus N(0, (2zS)²), sensitivity 2S;
+        charged `PrivacyCost(z, 1, 1)` to each participant."""
+        return GaussianRelease(self.noise_multiplier, SENSITIVITY_FACTOR * self.update_clip_norm)
+
+    @property
     def round_cost(self) -> PrivacyCost:
         """What one round charges each participant."""
-        return PrivacyCost(self.noise_multiplier, 1.0, 1)
+        return self.release.cost(1)
 
     # ---- checkpoints ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -246,10 +254,7 @@ class PeDpfl(Algorithm):
                 round_idx=round_idx,
                 local_steps=self.local_steps,
                 lr=self.lr,
-                sampling_rate=self.sampling_rate,
-                clip_norm=self.update_clip_norm,
-                noise_multiplier=self.noise_multiplier,
-                privacy_cost=self.round_cost,
+                mechanisms=(uses(self.release, 1),),
             )
             for c in cohort
         ]
@@ -263,12 +268,13 @@ class PeDpfl(Algorithm):
     ) -> ClientResult:
         if task.kind != "train":
             raise ValueError(f"pe_dpfl has no task kind {task.kind!r}")
-        assert task.sampling_rate is not None and task.clip_norm is not None
+        upload = privacy_session(ctx, task).get(GaussianRelease)
         start = {n: p.clone() for n, p in params.items()}
         classifier = classifier_names(params)
         n = data.num_examples
         for _ in range(task.local_steps):
-            positions = poisson_sample(n, task.sampling_rate, ctx.generator)
+            # local minibatches (no amplification claimed: the upload depends on all)
+            positions = poisson_sample(n, self.sampling_rate, ctx.generator)
             if positions.numel() == 0:
                 continue
             x, y = data.batch(positions)
@@ -289,9 +295,9 @@ class PeDpfl(Algorithm):
                 for p, g in zip(params.values(), grads, strict=True):
                     p.sub_(g, alpha=task.lr)
         update = parameter_delta(params, start)
-        clip_update(update, task.clip_norm)
-        std = SENSITIVITY_FACTOR * task.noise_multiplier * task.clip_norm
-        add_gaussian_noise(update, std, ctx.generator)
+        # S from the declared release (sensitivity 2S), so the clip and the noise agree
+        clip_update(update, upload.mechanism.sensitivity / SENSITIVITY_FACTOR)
+        upload.open().add_(update)  # N(0, (z·2S)²), the declared release
         return ClientResult(
             client_id=task.client_id, update=update, weight=float(n), num_examples=n
         )

@@ -49,6 +49,7 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
+    privacy_session,
 )
 from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_update
 from raydpfl.algorithms.multi_model import (
@@ -71,7 +72,7 @@ from raydpfl.algorithms.rc_dpfl_theory import (
     steps_per_round,
     update_features,
 )
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.kernel import ExponentialSelection, SubsampledGaussian, uses
 
 #: `ClientTask.kind` of the follow-up that picks a client's next cluster.
 ASSIGN = "assign"
@@ -220,10 +221,7 @@ class ClusteredDPFL(Algorithm):
             round_idx=round_idx,
             local_steps=steps,
             lr=self.lr,
-            sampling_rate=q,
-            clip_norm=self.clip_norm,
-            noise_multiplier=z,
-            privacy_cost=PrivacyCost(noise_multiplier=z, sampling_rate=q, steps=steps),
+            mechanisms=(uses(SubsampledGaussian(z, self.clip_norm, q), steps),),
             model_key=model_key,
         )
 
@@ -296,7 +294,7 @@ class ClusteredDPFL(Algorithm):
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
         """Scores every cluster model on the train split and reports one index (line 20):
-        argmin of the losses, or (``extras["epsilon_select"]``) the exponential mechanism
+        argmin of the losses, or (a declared `ExponentialSelection`) the exponential mechanism
         on the accuracies in % (Gumbel noise drawn from the client's stream, §5.4)."""
         losses, accs = [], []
         for m in range(self.num_models):
@@ -305,16 +303,15 @@ class ClusteredDPFL(Algorithm):
             )
             losses.append(loss)
             accs.append(acc)
-        eps_select = task.extras.get("epsilon_select")
-        if eps_select is None:
+        if not task.mechanisms:
             choice = int(loss_assignments(np.asarray([losses]))[0])
-        else:
-            draw = int(
-                torch.randint(0, 2**62, (1,), generator=ctx.generator, device=ctx.generator.device)
-            )
-            rng = np.random.default_rng(draw)
+        else:  # the declared exponential mechanism draws the Gumbel noise
+            selection = privacy_session(ctx, task).get(ExponentialSelection)
+            rng = selection.rng()
             choice = int(
-                private_select_clusters(np.asarray([accs]), data.num_examples, eps_select, rng)[0]
+                private_select_clusters(
+                    np.asarray([accs]), data.num_examples, selection.epsilon, rng
+                )[0]
             )
         return ClientResult(
             client_id=task.client_id,
@@ -327,20 +324,14 @@ class ClusteredDPFL(Algorithm):
 
 def assign_task(client: int, round_idx: int, epsilon_select: float | None) -> ClientTask:
     """The follow-up that asks a client for its next cluster (reads every model)."""
-    extras = {} if epsilon_select is None else {"epsilon_select": float(epsilon_select)}
-    cost = (
-        None
-        if epsilon_select is None
-        else PrivacyCost(noise_multiplier=2.0 / epsilon_select, sampling_rate=1.0, steps=1)
-    )
+    mechanisms = () if epsilon_select is None else (uses(ExponentialSelection(epsilon_select), 1),)
     return ClientTask(
         client_id=client,
         round_idx=round_idx,
         local_steps=0,
         lr=0.0,
-        privacy_cost=cost,
+        mechanisms=mechanisms,
         model_key=ALL_MODELS,
-        extras=extras,
         kind=ASSIGN,
     )
 

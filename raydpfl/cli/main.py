@@ -33,9 +33,17 @@ class _Parser(argparse.ArgumentParser):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from raydpfl.data.datasets import DatasetNotFoundError, DownloadError
+    from raydpfl.privacy.kernel import PrivacyContractError
     from raydpfl.simulation.integrity import ResumeError
 
-    return (ConfigError, DatasetNotFoundError, DownloadError, FileExistsError, ResumeError)
+    return (
+        ConfigError,
+        DatasetNotFoundError,
+        DownloadError,
+        FileExistsError,
+        PrivacyContractError,
+        ResumeError,
+    )
 
 
 class _Terminated(KeyboardInterrupt):

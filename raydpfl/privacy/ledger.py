@@ -30,7 +30,7 @@ import json
 import math
 import numbers
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -408,6 +408,29 @@ class PrivacyLedger:
         if budget is not None and eps_after > budget:
             return None
         self._record(cid, cost, eps_after)
+        return eps_after
+
+    def _epsilon_after_all(self, cid: int, costs: Sequence[PrivacyCost]) -> float:
+        node = self._node_of.get(cid, 0)
+        extra = tuple(_check_cost(c).history_entry() for c in costs)
+        return self._eps_of(cid, (*self._node_entries[node], *extra))
+
+    def would_exceed_all(self, client_id: int, costs: Sequence[PrivacyCost]) -> bool:
+        """Whether charging every one of ``costs`` would exceed the client's budget."""
+        cid = _check_client_id(client_id)
+        budget = self.budget_of(cid)
+        return budget is not None and self._epsilon_after_all(cid, costs) > budget
+
+    def try_charge_all(self, client_id: int, costs: Sequence[PrivacyCost]) -> float | None:
+        """Charges all of ``costs`` in order if the client can afford them together (the
+        new epsilon), or none of them (None): a task's several mechanisms are one charge."""
+        cid = _check_client_id(client_id)
+        eps_after = self._epsilon_after_all(cid, costs)
+        budget = self.budget_of(cid)
+        if budget is not None and eps_after > budget:
+            return None
+        for i, cost in enumerate(costs):
+            self._record(cid, cost, eps_after if i == len(costs) - 1 else None)
         return eps_after
 
     # ---------------------------------------------------------- serialisation

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 
 from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.privacy.client_level import POPULATION, ClientLevelLedger
+from raydpfl.privacy.kernel import PrivacyContractError, Receipt, check_receipt
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
@@ -132,6 +134,7 @@ class Server:
         rng = numpy_rng(self.settings.run_seed, round_idx, SERVER, "select")
         cohort = self.algorithm.select(round_idx, self.num_clients, rng)
         tasks = self.algorithm.plan(round_idx, cohort, self.train_sizes)
+        self._check_declared(tasks)
         dispatched, refused = self._charge(round_idx, tasks)
         if not dispatched and refused and self._budget_exhausted(refused):
             self.stop_reason = "privacy budget exhausted for every client"
@@ -141,10 +144,12 @@ class Server:
             groups = group_tasks(dispatched, self.train_sizes, self.settings.aggregation_groups)
             partials = backend.run_groups(self.params, groups) if groups else []
             total = WeightedUpdateSum.merged(partials)
+            _check_receipts(dispatched, total.receipts)
             self.params = self.algorithm.aggregate_sum(self.params, dispatched, total)
             trained, received, metrics = total.count, len(partials), total.metric_means()
         else:
             results = backend.run_tasks(self.params, dispatched) if dispatched else []
+            _check_receipts(dispatched, [(r.client_id, r.receipt) for r in results])
             self.params = self.algorithm.aggregate(self.params, dispatched, results)
             trained, received = len(results), len(results)
             metrics = _mean_metrics([r.metrics for r in results])
@@ -153,6 +158,7 @@ class Server:
             extra_sent, _ = self._charge(round_idx, extra)
             if extra_sent:
                 followups = backend.run_tasks(self.params, extra_sent)
+                _check_receipts(extra_sent, [(r.client_id, r.receipt) for r in followups])
         if self._logged.pop(round_idx, None):  # the interrupted run charged more
             raise _diverged(round_idx)
         row = self._round_row(round_idx, dispatched, refused, trained, received)
@@ -181,11 +187,7 @@ class Server:
         logged; anything else is an error rather than a silently different ledger.
         """
         dispatched, refused = self._charge_tasks(tasks)
-        charges = [
-            (t.client_id, t.privacy_cost.to_dict())
-            for t in dispatched
-            if t.privacy_cost is not None
-        ]
+        charges = [(t.client_id, cost.to_dict()) for t in dispatched for cost in t.privacy_costs]
         if not charges:
             return dispatched, refused
         self._log_charges(round_idx, charges)
@@ -238,14 +240,18 @@ class Server:
         charged: list[int] = []
         stats = self._epsilon_stats()
         for task in tasks:
-            cost = task.privacy_cost
-            if cost is not None:
+            costs = task.privacy_costs
+            if costs:
                 if self.ledger is None:
                     raise ValueError(
                         f"task for client {task.client_id} has a privacy cost but no ledger"
                     )
                 # charged before release; refused (nothing recorded) over the budget
-                if self.ledger.try_charge(task.client_id, cost) is None:
+                if len(costs) == 1:
+                    charged_eps = self.ledger.try_charge(task.client_id, costs[0])
+                else:  # all of the task's mechanisms, or none of them
+                    charged_eps = self.ledger.try_charge_all(task.client_id, costs)
+                if charged_eps is None:
                     refused.append(task)
                     continue
                 charged.append(task.client_id)
@@ -256,9 +262,26 @@ class Server:
 
     def _budget_exhausted(self, refused: Sequence[ClientTask]) -> bool:
         assert self.ledger is not None  # only private tasks are ever refused
-        cost = refused[0].privacy_cost
-        assert cost is not None
-        return all(self.ledger.would_exceed(c, cost) for c in range(self.num_clients))
+        costs = refused[0].privacy_costs
+        assert costs
+        if len(costs) == 1:
+            return all(self.ledger.would_exceed(c, costs[0]) for c in range(self.num_clients))
+        return all(self.ledger.would_exceed_all(c, costs) for c in range(self.num_clients))
+
+    def _check_declared(self, tasks: Sequence[ClientTask]) -> None:
+        """A private record-level algorithm's training tasks must release through at least
+        one declared mechanism: one that declares none would train on the client's
+        records and report ε = 0."""
+        algo = self.algorithm
+        if not algo.is_private or algo.privacy_unit != "record":
+            return
+        for task in tasks:
+            if task.kind == "train" and not task.mechanisms:
+                raise PrivacyContractError(
+                    f"client {task.client_id}, round {task.round_idx + 1}: algorithm "
+                    f"{algo.name!r} is private but its train task declares no mechanism "
+                    "(ClientTask.mechanisms); nothing would be charged for its training"
+                )
 
     # ---- checkpoints ----------------------------------------------------------------
     def checkpoint_start(self) -> None:
@@ -570,6 +593,24 @@ class Server:
         }
         out.update(self.settings.metadata)
         return out
+
+
+def _check_receipts(
+    tasks: Sequence[ClientTask], receipts: Sequence[tuple[int, Receipt | None]]
+) -> None:
+    """Every result's receipt equals its task's declaration (`check_receipt`); results
+    come back in plan order per client."""
+    pending: dict[int, deque[ClientTask]] = defaultdict(deque)
+    for t in tasks:
+        pending[t.client_id].append(t)
+    for client_id, receipt in receipts:
+        queue = pending.get(client_id)
+        if not queue:
+            raise PrivacyContractError(
+                f"client {client_id}: a result arrived for a task that was not dispatched"
+            )
+        task = queue.popleft()
+        check_receipt(client_id, task.round_idx, task.kind, task.mechanisms, receipt)
 
 
 def _diverged(round_idx: int) -> RuntimeError:

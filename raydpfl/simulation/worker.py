@@ -30,6 +30,7 @@ from raydpfl.data.federated import FederatedDataset, IndexTable
 from raydpfl.models import assert_dp_compatible, build_model
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.kernel import PrivacyContractError, PrivacySession
 from raydpfl.privacy.noise_samplers import seeded_stream
 from raydpfl.privacy.secure_noise import SecureGenerator
 from raydpfl.simulation.evaluation import (
@@ -207,19 +208,29 @@ class ClientWorker:
                 task, payload={n: t.to(self.device) for n, t in task.payload.items()}
             )
         data = ClientData(task.client_id, self.x, self.y, self.client_train[task.client_id])
+        generator = self._stream(task)
         ctx = ClientContext(
             model=self.model,
             clipping=self.clipping,
-            generator=self._stream(task),
+            generator=generator,
             device=self.device,
+            # The task's declared mechanisms, the only noise the client half can draw.
+            privacy=PrivacySession(task.mechanisms, generator, self.device),
         )
         try:
-            return self.algorithm.local_update(ctx, start, data, task)
+            result = self.algorithm.local_update(ctx, start, data, task)
+        except PrivacyContractError as e:
+            raise PrivacyContractError(
+                f"client {task.client_id}, round {task.round_idx + 1} ({task.kind} task): {e}"
+            ) from None
         except Exception as e:
             # Name the client and round: a traceback from deep inside torch says neither.
             raise RuntimeError(
                 f"client {task.client_id} failed in round {task.round_idx + 1}: {e}"
             ) from e
+        assert ctx.privacy is not None
+        result.receipt = ctx.privacy.receipt()  # what was invoked, checked by the server
+        return result
 
     def run_tasks(
         self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
@@ -251,8 +262,7 @@ class ClientWorker:
                 continue
             acc = WeightedUpdateSum()
             for task in group:
-                r = self.run_task(broadcast, task)
-                acc.add(r.update, r.weight, r.metrics)
+                acc.add_result(self.run_task(broadcast, task))
             out.append(acc)
         for acc in out:
             if acc.total is not None:
@@ -273,25 +283,40 @@ class ClientWorker:
         """All of a group's clients at once: the same per-client RNG streams and draws as
         `run_task` one at a time, so the same results up to float rounding."""
         self.load_params(broadcast, group[0].model_key)
-        ctxs = [
-            ClientContext(
-                model=self.model,
-                clipping=self.clipping,
-                generator=self._stream(t),
-                device=self.device,
+        ctxs = []
+        for t in group:
+            generator = self._stream(t)
+            ctxs.append(
+                ClientContext(
+                    model=self.model,
+                    clipping=self.clipping,
+                    generator=generator,
+                    device=self.device,
+                    privacy=PrivacySession(t.mechanisms, generator, self.device),
+                )
             )
-            for t in group
-        ]
         datas = [
             ClientData(t.client_id, self.x, self.y, self.client_train[t.client_id]) for t in group
         ]
         try:
-            return self.algorithm.local_update_group_sum(ctxs, self.params, datas, group)
+            acc = self.algorithm.local_update_group_sum(ctxs, self.params, datas, group)
+        except PrivacyContractError as e:
+            ids = ", ".join(str(t.client_id) for t in group)
+            raise PrivacyContractError(
+                f"clients {ids} (vectorised), round {group[0].round_idx + 1}: {e}"
+            ) from None
         except Exception as e:
             ids = ", ".join(str(t.client_id) for t in group)
             raise RuntimeError(
                 f"clients {ids} (vectorised) failed in round {group[0].round_idx + 1}: {e}"
             ) from e
+        # The receipts are the sessions' own counts, whatever the group function recorded.
+        acc.receipts = [
+            (t.client_id, ctx.privacy.receipt())
+            for t, ctx in zip(group, ctxs, strict=True)
+            if ctx.privacy is not None
+        ]
+        return acc
 
     def evaluate_clients(
         self,

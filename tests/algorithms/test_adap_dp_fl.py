@@ -151,7 +151,7 @@ def test_client_reports_the_noisy_gradient_norms_of_its_steps():
     algo = _algo(lr=0.1, sampling_rate=1.0)
     model, params, data = _client()
     start = {k: v.clone() for k, v in params.items()}
-    task = ClientTask(0, 0, local_steps=3, lr=0.1, sampling_rate=1.0, clip_norm=0.05)
+    task = ClientTask.dp_sgd(0, 0, local_steps=3, lr=0.1, sampling_rate=1.0, clip_norm=0.05, noise_multiplier=0.0)
 
     # σ = 0 and q = 1: each step's noisy gradient is the mean of clipped gradients; all
     # per-sample norms exceed C = 0.05, so each has norm ≤ C.
@@ -167,7 +167,7 @@ def test_client_reports_the_noisy_gradient_norms_of_its_steps():
 
 def test_dp_loss_query_is_the_clipped_mean_loss_plus_scaled_noise():
     model, params, data = _client()
-    task = ClientTask(0, 0, local_steps=0, lr=0.0, sampling_rate=1.0, clip_norm=0.3, kind=DP_LOSS)
+    task = ClientTask.dp_sgd(0, 0, local_steps=0, lr=0.0, sampling_rate=1.0, clip_norm=0.3, kind=DP_LOSS, noise_multiplier=0.0)
     algo = _algo()
     logits = data.x @ params["linear.weight"].T + params["linear.bias"]
     per = torch.nn.functional.cross_entropy(logits, data.y, reduction="none")
@@ -175,7 +175,7 @@ def test_dp_loss_query_is_the_clipped_mean_loss_plus_scaled_noise():
     clean = algo.local_update(_ctx(model), params, data, task).metrics["dp_loss"]
     assert clean == pytest.approx(float(per.clamp(max=0.3).mean()), rel=1e-5)
 
-    noisy_task = ClientTask(
+    noisy_task = ClientTask.dp_sgd(
         0,
         0,
         local_steps=0,

@@ -131,7 +131,7 @@ def test_the_rounds_s_reaches_the_clients_and_bounds_their_updates():
     alg = _algorithm(adaptive_clipping=True, clip_norm=5.0)
     alg.current_clip_norm = 0.05
     task = alg.plan(0, [3], np.array([64] * 200))[0]
-    assert task.clip_norm == 0.05
+    assert task.extras["update_clip_norm"] == 0.05
     ctx, data = _client(3)
     result = alg.local_update(
         ctx, {"weight": torch.zeros(3, 6), "bias": torch.zeros(3)}, data, task

@@ -11,6 +11,7 @@ import torch
 from scipy.optimize import brentq
 
 from raydpfl.algorithms import dpfl_bcs_theory as th
+from tests.conftest import release_scale, with_release_scale
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult
 from raydpfl.algorithms.dpfl_bcs import DpflBcs, laplace_noise
 from raydpfl.config import ConfigError, config_from_dict
@@ -62,11 +63,11 @@ def test_task_noise_uses_the_stage_sensitivity():
     assert lr == pytest.approx(0.1 / (1 + 1 / 200))
     for task in a.plan(0, cohort, sizes):  # stage 1: Δg' = 2η(B + Θ)/D_n (Eq. 13)
         delta_g = 2 * lr * (2.0 + math.log(10)) / sizes[task.client_id]
-        assert task.extras["noise_scale"] == pytest.approx(a.multiplier[task.client_id] * delta_g)
+        assert release_scale(task) == pytest.approx(a.multiplier[task.client_id] * delta_g)
         assert task.extras["stage1"] == 1.0
     for task in a.plan(5, cohort, sizes):  # stage 2: Δg = 2ηB/D_n
         delta_g = 2 * a.lr_at(5) * 2.0 / sizes[task.client_id]
-        assert task.extras["noise_scale"] == pytest.approx(a.multiplier[task.client_id] * delta_g)
+        assert release_scale(task) == pytest.approx(a.multiplier[task.client_id] * delta_g)
         assert task.extras["stage1"] == 0.0
 
 
@@ -87,9 +88,8 @@ def _ctx(model, seed: int = 1) -> ClientContext:
 @pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
 def test_client_clips_per_sample_in_the_mechanisms_norm(mechanism):
     a = _algo(mechanism=mechanism, clip_norm=0.5)
-    from dataclasses import replace
 
-    task = replace(a.plan(5, [0], a.sizes)[0], extras={"noise_scale": 0.0, "stage1": 0.0})
+    task = with_release_scale(a.plan(5, [0], a.sizes)[0], 0.0)
     for n, exact in ((40, False), (1, True)):
         model, params, data = _client(a, n=n, scale=50.0)
         res = a.local_update(_ctx(model), dict(params), data, task)
@@ -104,18 +104,17 @@ def test_client_clips_per_sample_in_the_mechanisms_norm(mechanism):
 def test_client_noise_has_the_calibrated_law(mechanism):
     a = _algo(mechanism=mechanism)
     model, params, data = _client(a, features=1000)
-    from dataclasses import replace
 
     base = a.plan(0, [0], a.sizes)[0]
     clean = a.local_update(
-        _ctx(model), dict(params), data, replace(base, extras={"noise_scale": 0.0, "stage1": 1.0})
+        _ctx(model), dict(params), data, with_release_scale(base, 0.0)
     )
     scale = 0.3
     noisy = a.local_update(
         _ctx(model),
         dict(params),
         data,
-        replace(base, extras={"noise_scale": scale, "stage1": 1.0}),
+        with_release_scale(base, scale),
     )
     z = torch.cat([(noisy.update[k] - clean.update[k]).reshape(-1) for k in clean.update])
     z = z.double()

@@ -54,7 +54,7 @@ def _fedfdp(**kw) -> FedFDP:
 
 
 def _train_task(lam: float, global_loss: float, clip: float = 0.5) -> ClientTask:
-    return ClientTask(
+    return ClientTask.dp_sgd(
         client_id=0,
         round_idx=0,
         local_steps=2,
@@ -126,16 +126,14 @@ def test_paper_rule_needs_the_explicit_flag():
 
 
 def _loss_task(clip: float, sigma: float, q: float = 1.0) -> ClientTask:
-    return ClientTask(
+    return ClientTask.dp_sgd(
         client_id=0,
         round_idx=0,
         local_steps=0,
         lr=0.0,
         sampling_rate=q,
         noise_multiplier=sigma,
-        extras={"loss_clip": clip},
-        kind="loss",
-    )
+        kind="loss", clip_norm=clip)
 
 
 def test_loss_release_clips_to_the_bound_and_adds_gaussian_noise_sigma_l_c_l():

@@ -131,7 +131,7 @@ def test_qffl_step_by_hand_and_q_zero_is_the_uniform_mean():
 
 def test_dp_variants_with_no_correction_are_dp_sgd_bit_for_bit():
     model, data = tiny_model(), tiny_data(60)
-    task = ClientTask(
+    task = ClientTask.dp_sgd(
         client_id=0,
         round_idx=0,
         local_steps=3,

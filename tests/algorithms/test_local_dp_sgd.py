@@ -55,7 +55,7 @@ def _task(**kw) -> ClientTask:
         noise_multiplier=1.1,
     )
     args.update(kw)
-    return ClientTask(**args)
+    return ClientTask.dp_sgd(**args)
 
 
 def _reference_steps(ctx, params, data, task, divisor_of):
@@ -230,8 +230,9 @@ def test_private_mean_loss_rejects_bad_arguments():
 
 def test_noisy_loss_query_without_noise_is_the_clipped_mean_over_the_expected_batch():
     ctx, params, data = _setup()
-    noisy, raw = noisy_loss_query(
-        ctx, params, data, sampling_rate=1.0, clip_bound=10.0, noise_multiplier=0.0
+    query = ClientTask.dp_sgd(
+        0, 0, 0, 0.0, noise_multiplier=0.0, clip_norm=10.0, sampling_rate=1.0, invocations=1
     )
+    noisy, raw = noisy_loss_query(ctx, params, data, query)
     assert raw.numel() == 40  # q = 1: every record
     assert noisy == pytest.approx(float(raw.clamp(0, 10).double().sum()) / 40.0)

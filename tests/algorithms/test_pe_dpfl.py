@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask
-from raydpfl.algorithms.pe_dpfl import PeDpfl, calibrate_noise_multiplier, classifier_names
+from raydpfl.privacy.kernel import GaussianRelease, uses
+from raydpfl.algorithms.pe_dpfl import (
+    SENSITIVITY_FACTOR,
+    PeDpfl,
+    calibrate_noise_multiplier,
+    classifier_names,
+)
 from raydpfl.models import build_model
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.engines import make_engine
@@ -56,9 +62,7 @@ def _task(algo: PeDpfl, *, clip: float, noise: float, lr: float | None = None) -
         round_idx=0,
         local_steps=algo.local_steps,
         lr=algo.lr if lr is None else lr,
-        sampling_rate=algo.sampling_rate,
-        clip_norm=clip,
-        noise_multiplier=noise,
+        mechanisms=(uses(GaussianRelease(noise, SENSITIVITY_FACTOR * clip), 1),),
     )
 
 

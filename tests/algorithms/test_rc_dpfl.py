@@ -133,7 +133,7 @@ def test_private_selection_is_charged_and_frozen_after_its_rounds():
     assert [len(s) for s in sent] == [1, 1, 0, 0]
     cost = sent[0][0].privacy_cost
     assert cost.as_triple() == (2.0 / 0.25, 1.0, 1)  # RDP α·ε²/8 of the exponential mechanism
-    assert sent[0][0].extras["epsilon_select"] == 0.25
+    assert sent[0][0].mechanisms[0].mechanism.epsilon == 0.25
     assert not any("loss_based" in r for r in algo.unaccounted_releases())
 
 

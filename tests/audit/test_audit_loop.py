@@ -100,7 +100,7 @@ def test_out_canaries_are_records_with_zero_gradient_and_change_no_sum():
         def record_step(self, task, probe):
             pass
 
-    task = cn.ClientTask(
+    task = cn.ClientTask.dp_sgd(
         client_id=0,
         round_idx=0,
         local_steps=1,
@@ -121,7 +121,7 @@ def test_out_canaries_are_records_with_zero_gradient_and_change_no_sum():
 
 def test_loop_audit_needs_the_noisy_sum_from_the_engine():
     # A fused update (noise added after the engine) cannot be audited: refused loudly.
-    task = cn.ClientTask(
+    task = cn.ClientTask.dp_sgd(
         client_id=0,
         round_idx=0,
         local_steps=1,

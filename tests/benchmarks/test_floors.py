@@ -69,7 +69,7 @@ def test_worker_split_is_the_ray_pools_split(seed):
     sizes = np.array([rnd.randint(1, 900) for _ in range(rnd.randint(3, 60))])
     q, tau, groups, workers = rnd.choice([0.05, 0.3, 1.0]), rnd.randint(1, 5), 8, 2
     tasks = [
-        ClientTask(client_id=i, round_idx=0, local_steps=tau, lr=0.1, sampling_rate=q)
+        ClientTask.dp_sgd(i, 0, tau, 0.1, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=q)
         for i in range(len(sizes))
     ]
     grouped = group_tasks(tasks, sizes, groups)

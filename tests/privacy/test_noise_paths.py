@@ -58,6 +58,13 @@ import torch
 from torch import nn
 
 from raydpfl.algorithms.base import ClientTask, WeightedUpdateSum
+from raydpfl.privacy.kernel import (
+    ExponentialSelection,
+    LaplaceRelease,
+    PrivacySession,
+    uses,
+)
+from tests.conftest import with_release_scale
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.simulation.seeding import torch_generator
 from raydpfl.simulation.worker import ClientWorker, ModelSpec
@@ -756,7 +763,7 @@ def assert_independent_choices(agree: int, pairs: int, probs, what: str = "choic
 def selection_claim(task: ClientTask, num_records: int, accuracies) -> np.ndarray:
     """The exponential mechanism the charge describes: P(m) ∝ exp(ε·acc_m/(2Δ)) with
     Δ = 100/(N − 1), the sensitivity of a train accuracy in % (§5.4)."""
-    eps = float(task.extras["epsilon_select"])
+    eps = float(task.mechanisms[0].mechanism.epsilon)
     logits = eps * np.asarray(accuracies) / (2 * 100.0 / (num_records - 1))
     p = np.exp(logits - logits.max())
     return p / p.sum()
@@ -840,7 +847,7 @@ def test_pe_dpfl_upload_noise():
     for r in range(3):  # 4 clients × 3 rounds = 12 rows (24,000 draws)
         for task in algorithm.plan(r, list(range(4)), np.array(sizes)):
             rows.append(flat(w.run_task(zeros(), task).update))
-            scales.append(task.privacy_cost.noise_multiplier * 2 * task.clip_norm)
+            scales.append(task.privacy_cost.noise_multiplier * task.mechanisms[0].mechanism.sensitivity)
     check_release(Release(np.stack(rows), np.array(scales)), "PE-DPFL upload")
 
 
@@ -1035,7 +1042,7 @@ def test_dpfl_bcs_clipping_bounds_each_contribution(mechanism, order):
 
         def tasks(a):
             return [
-                dataclasses.replace(t, extras={**t.extras, "noise_scale": 0.0})
+                with_release_scale(t, 0.0)
                 for t in a.plan(0, list(range(CLIP_CLIENTS)), np.ones(CLIP_CLIENTS))
             ]
 
@@ -1097,7 +1104,7 @@ def test_pe_dpfl_clipping_bounds_each_update():
         return one_record_releases(
             algorithm,
             lambda a: [
-                dataclasses.replace(t, noise_multiplier=0.0)
+                with_release_scale(t, 0.0)
                 for t in a.plan(0, list(range(CLIP_CLIENTS)), np.ones(CLIP_CLIENTS))
             ],
             lambda res, t: norm_of(res.update),
@@ -1130,17 +1137,37 @@ class NoClipping:
         )
 
 
+def weakened(task: ClientTask, factor: float) -> ClientTask:
+    """`task` declaring its mechanisms with their noise scaled by `factor` (an exponential
+    selection's ε divided by it)."""
+
+    def weaken(m):
+        if isinstance(m, LaplaceRelease):
+            return dataclasses.replace(m, scale_multiplier=m.scale_multiplier * factor)
+        if isinstance(m, ExponentialSelection):
+            return dataclasses.replace(m, epsilon=m.epsilon / factor)
+        return dataclasses.replace(m, noise_multiplier=m.noise_multiplier * factor)
+
+    return dataclasses.replace(
+        task, mechanisms=tuple(uses(weaken(u.mechanism), u.count) for u in task.mechanisms)
+    )
+
+
+def own_session(ctx, task: ClientTask):
+    """Broken on purpose: a context whose privacy session the client half built itself
+    from `task` instead of the worker's (on a real run the worker's receipt then shows no
+    invocation and the server refuses the result; these drivers skip the server, so the
+    noise checks must catch it)."""
+    return dataclasses.replace(ctx, privacy=PrivacySession(task.mechanisms, ctx.generator, ctx.device))
+
+
 def quiet(cls):
     """Broken: a subclass whose client half uses σ/10 but charges the declared σ."""
 
     class Quiet(cls):
         def local_update(self, ctx, params, data, task):
-            return super().local_update(
-                ctx,
-                params,
-                data,
-                dataclasses.replace(task, noise_multiplier=task.noise_multiplier / 10),
-            )
+            forged = weakened(task, 0.1)
+            return super().local_update(own_session(ctx, forged), params, data, forged)
 
     return Quiet
 
@@ -1176,8 +1203,9 @@ def test_negative_laplace_scaled_by_a_tenth_is_caught():
     from raydpfl.algorithms.dpfl_bcs import DpflBcs
 
     class QuietBcs(DpflBcs):
-        def _noise(self, shape, scale, ctx):
-            return super()._noise(shape, scale / 10, ctx)
+        def local_update(self, ctx, params, data, task):
+            forged = weakened(task, 0.1)
+            return super().local_update(own_session(ctx, forged), params, data, forged)
 
     with pytest.raises(AssertionError, match="empirical scale"):
         check_release(bcs_update_release("laplace", 2, cls=QuietBcs), "broken Laplace")
@@ -1214,10 +1242,8 @@ def test_negative_a_greedier_selection_is_caught():
 
     class Greedy(RcDpfl):  # Gumbel scale / 10 (ε × 10) under the declared charge
         def choose_cluster(self, ctx, params, data, task):
-            eps = task.extras["epsilon_select"] * 10
-            return super().choose_cluster(
-                ctx, params, data, dataclasses.replace(task, extras={"epsilon_select": eps})
-            )
+            forged = weakened(task, 0.1)
+            return super().choose_cluster(own_session(ctx, forged), params, data, forged)
 
     choices, probs = selections(cls=Greedy)
     with pytest.raises(AssertionError, match="category"):

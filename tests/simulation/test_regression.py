@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from raydpfl.algorithms.base import ClientContext, ClientData
 from raydpfl.algorithms.dpfl_bcs import DpflBcs
+from tests.conftest import with_release_scale
 from raydpfl.config import ConfigError, config_from_dict, load_config
 from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.models import build_model
@@ -70,7 +71,7 @@ def test_the_client_step_is_the_mse_gradient():
     # Private: per-sample MSE gradients clipped to B = 1, so the step is at most ηB.
     dp = _algo()
     task = dataclasses.replace(
-        dp.plan(0, [0], dp.sizes)[0], extras={"noise_scale": 0.0, "stage1": 1.0}
+        with_release_scale(dp.plan(0, [0], dp.sizes)[0], 0.0), extras={"stage1": 1.0}
     )
     res = dp.local_update(_ctx(model), dict(params), data, task)
     step = torch.cat([t.reshape(-1) for t in res.update.values()])

@@ -30,9 +30,10 @@ from raydpfl.backends.allocator import tune_allocator
 from raydpfl.backends.ray.backend import RayBackend
 from raydpfl.backends.ray.reaper import descendants, start_reaper
 from raydpfl.config.schema import ConfigError, RuntimeConfig
+from raydpfl.privacy.kernel import PrivacyContractError
 from raydpfl.simulation.backend import ServerLostError
 from raydpfl.simulation.experiment import Experiment, make_server
-from raydpfl.simulation.integrity import has_checkpoint
+from raydpfl.simulation.integrity import ResumeError, has_checkpoint
 from raydpfl.simulation.outputs import RunWriter
 
 log = logging.getLogger(__name__)
@@ -291,8 +292,12 @@ def _drive_server(
 
 
 def _unwrap(call: Callable[[], Any]) -> Any:
-    """Re-raises an error from inside an actor as its own type (not RayTaskError)."""
+    """Re-raises an error from inside an actor as its own type (not RayTaskError); a
+    refusal whose message is its whole story (a broken privacy contract, a resume
+    refused) as the original exception, without the remote traceback in its text."""
     try:
         return call()
     except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, (PrivacyContractError, ResumeError)):
+            raise e.cause from None
         raise e.as_instanceof_cause() from None

@@ -1,4 +1,5 @@
-"""Argument checks shared by the algorithms' pure functions: one line naming the argument."""
+"""Argument checks shared by the privacy kernel and the algorithms' pure functions: one
+line naming the argument."""
 
 from __future__ import annotations
 

@@ -1,0 +1,140 @@
+"""The privacy kernel: each mechanism's charge is its own parameters, its noise has the
+claimed distribution, and a session hands out only declared mechanisms and counts them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from raydpfl.privacy.kernel import (
+    CertifiedGaussianRelease,
+    ExponentialSelection,
+    GaussianRelease,
+    LaplaceRelease,
+    MechanismUse,
+    PrivacyContractError,
+    PrivacySession,
+    Receipt,
+    SubsampledGaussian,
+    check_receipt,
+    uses,
+)
+from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.mechanisms import gaussian_sigma_analytic
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- the charge is the mechanism's own parameters --------------------------------------
+def test_each_mechanism_charges_exactly_its_parameters():
+    assert SubsampledGaussian(1.3, 0.7, 0.05).cost(9) == PrivacyCost(1.3, 0.05, 9)
+    assert GaussianRelease(2.0, 4.0).cost(1) == PrivacyCost(2.0, 1.0, 1)
+    assert LaplaceRelease(3.0, 0.5).cost(2) == PrivacyCost(3.0, 1.0, 2, "laplace")
+    sigma = gaussian_sigma_analytic(1.0, 0.5, 1e-5)
+    assert CertifiedGaussianRelease(sigma, 2.0, 0.5, 1e-5).cost(1) == PrivacyCost(
+        sigma, 1.0, 1, "approx_dp", epsilon=0.5, delta=1e-5
+    )
+    assert ExponentialSelection(0.25).cost(1) == PrivacyCost(8.0, 1.0, 1)
+    assert uses(SubsampledGaussian(1.0, 1.0, 0.1), 5).cost == PrivacyCost(1.0, 0.1, 5)
+
+
+def test_a_certified_release_refuses_a_sigma_that_does_not_deliver_its_epsilon():
+    sigma = gaussian_sigma_analytic(1.0, 1.0, 1e-5)
+    CertifiedGaussianRelease(sigma, 1.0, 1.0, 1e-5)
+    with pytest.raises(ValueError, match="does not certify"):
+        CertifiedGaussianRelease(sigma * 0.99, 1.0, 1.0, 1e-5)
+
+
+@pytest.mark.parametrize(
+    "build, field",
+    [
+        (lambda: SubsampledGaussian(-1.0, 1.0, 0.1), "noise_multiplier"),
+        (lambda: SubsampledGaussian(1.0, float("nan"), 0.1), "clip_norm"),
+        (lambda: SubsampledGaussian(1.0, 1.0, 1.5), "sampling_rate"),
+        (lambda: GaussianRelease(1.0, -2.0), "sensitivity"),
+        (lambda: LaplaceRelease(0.0, 1.0), "scale_multiplier"),
+        (lambda: ExponentialSelection(0.0), "epsilon"),
+        (lambda: MechanismUse(SubsampledGaussian(1.0, 1.0, 0.1), -1), "count"),
+        (lambda: MechanismUse(PrivacyCost(1.0, 0.1, 1), 1), "Mechanism"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_parameters_are_refused_naming_the_field(build, field):
+    with pytest.raises(ValueError, match=field):
+        build()
+
+
+# ---- the noise has the claimed distribution ----------------------------------------------
+def test_gaussian_release_noise_has_std_sigma_times_sensitivity():
+    mech = GaussianRelease(1.5, 0.4)
+    live = PrivacySession([uses(mech, 1)], _gen(1)).get()
+    z = live.open().noise(torch.Size([200_000])).double().numpy()
+    assert stats.kstest(z / 0.6, "norm").pvalue > 1e-3
+    assert abs(z.std() - 0.6) < 0.01
+
+
+def test_laplace_release_noise_has_scale_b_times_sensitivity():
+    live = PrivacySession([uses(LaplaceRelease(2.0, 0.25), 1)], _gen(2)).get()
+    z = live.open().noise(torch.Size([200_000])).double().numpy()
+    assert stats.kstest(z, "laplace", args=(0.0, 0.5)).pvalue > 1e-3
+
+
+def test_subsampled_gaussian_adds_sigma_c_to_the_clipped_sum_and_samples_at_q():
+    mech = SubsampledGaussian(2.0, 0.5, 0.3)
+    live = PrivacySession([uses(mech, 400)], _gen(3)).dp_sgd()
+    sizes, noise = [], []
+    for _ in range(400):
+        sizes.append(int(live.sample(1000).numel()))
+        out = live.noisy_sum({"w": torch.zeros(250, dtype=torch.float64)})
+        noise.append(out["w"].numpy())
+    assert abs(np.mean(sizes) - 300) < 3 * math.sqrt(1000 * 0.3 * 0.7 / 400) + 1
+    z = np.concatenate(noise)
+    assert abs(z.std() - 1.0) < 0.01 and stats.kstest(z, "norm").pvalue > 1e-3
+
+
+# ---- the session: only declared mechanisms, every invocation counted --------------------
+def test_the_session_counts_invocations_into_the_receipt():
+    a, b = SubsampledGaussian(1.0, 1.0, 0.5), GaussianRelease(1.0, 1.0)
+    session = PrivacySession([uses(a, 3), uses(b, 1)], _gen())
+    dp = session.get(a)
+    for _ in range(2):
+        dp.sample(10)
+    session.get(GaussianRelease).open()
+    assert session.receipt() == Receipt((MechanismUse(a, 2), MechanismUse(b, 1)))
+
+
+def test_an_undeclared_mechanism_is_refused():
+    session = PrivacySession([uses(SubsampledGaussian(10.0, 1.0, 0.1), 5)], _gen())
+    with pytest.raises(PrivacyContractError, match="did not declare"):
+        session.get(SubsampledGaussian(0.01, 1.0, 0.1))
+    with pytest.raises(PrivacyContractError, match="LaplaceRelease"):
+        session.get(LaplaceRelease)
+    with pytest.raises(PrivacyContractError, match="exactly one"):
+        PrivacySession([], _gen()).dp_sgd()
+
+
+def test_a_release_needs_its_own_invocation():
+    session = PrivacySession(
+        [uses(SubsampledGaussian(1.0, 1.0, 0.5), 2), uses(GaussianRelease(1.0, 1.0), 1)], _gen()
+    )
+    dp = session.dp_sgd()
+    dp.sample(10)
+    dp.noisy_sum({"w": torch.zeros(3)})
+    with pytest.raises(PrivacyContractError, match="without its own Poisson sample"):
+        dp.noisy_sum({"w": torch.zeros(3)})  # a second release of one sample
+    with pytest.raises(PrivacyContractError, match="outside an invocation"):
+        session.get(GaussianRelease).noise(torch.Size([2]))
+
+
+def test_check_receipt_refuses_any_difference_and_names_client_and_round():
+    mech = SubsampledGaussian(1.0, 1.0, 0.1)
+    check_receipt(3, 4, "train", (uses(mech, 5),), Receipt((uses(mech, 5),)))
+    check_receipt(3, 4, "train", (), None)
+    for got in (Receipt((uses(mech, 10),)), Receipt((uses(mech, 0),)), None):
+        with pytest.raises(PrivacyContractError, match=r"client 3, round 5 \(train task\)"):
+            check_receipt(3, 4, "train", (uses(mech, 5),), got)
