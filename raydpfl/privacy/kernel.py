@@ -56,6 +56,7 @@ from raydpfl.privacy.dpsgd import (
     standard_normal_like,
 )
 from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.loss_query import LossPrecision, private_mean_loss
 from raydpfl.privacy.mechanisms import gaussian_sigma_analytic
 
 Params = dict[str, torch.Tensor]
@@ -455,11 +456,11 @@ class LiveSubsampledGaussian(LiveMechanism):
         self._release()
         return add_gaussian_noise(clipped_sum, self.mechanism.noise_std, self.generator)
 
-    def mean_loss(self, losses: torch.Tensor, *, denominator: float, precision: str) -> float:
+    def mean_loss(
+        self, losses: torch.Tensor, *, denominator: float, precision: LossPrecision
+    ) -> float:
         """The noisy mean of the sampled batch's losses clipped to [0, C]
         (`raydpfl.privacy.loss_query.private_mean_loss`)."""
-        from raydpfl.privacy.loss_query import private_mean_loss
-
         self._release()
         m = self.mechanism
         return private_mean_loss(
@@ -468,7 +469,7 @@ class LiveSubsampledGaussian(LiveMechanism):
             noise_multiplier=m.noise_multiplier,
             denominator=denominator,
             generator=self.generator,
-            precision=precision,  # type: ignore[arg-type]
+            precision=precision,
         )
 
 
