@@ -36,7 +36,7 @@ from the kit (``.gpukit/data/``), so the same Dirichlet partition, Poisson batch
 work, with seeded pixels (a class template plus noise). Throughput and the bit-for-bit
 check do not depend on the pixels; accuracy does (stand-in accuracy is not Fashion-MNIST's).
 
-The whole run keeps to ``--budget-s`` (default 420 s): a case that would not finish in
+The whole run keeps to ``--budget-s`` (default 400 s): a case that would not finish in
 what is left (judged by the workload's last case) is skipped and listed. The JSON (written
 after every case) and a Markdown table go to ``--out`` (default benchmarks/results/).
 """
@@ -727,7 +727,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--budget-s",
         type=float,
-        default=420.0,
+        default=400.0,
         help="stop starting cases past this (seconds since start)",
     )
     ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the JSON and .md")
