@@ -56,6 +56,16 @@ def test_sampler_without_a_gpu_goes_quiet_and_says_why():
     sampler.stop()
     assert sampler.kind == "none" and "not found" in sampler.error
     assert g.GpuSampler("none").start().window(0, 1e12)["samples"] == 0
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:  # NVML (nvidia-ml-py or Ray's copy) finds no driver: no samples, a reason
+        nvml = g.GpuSampler("nvml").start()
+        nvml.stop()
+        assert nvml.kind == "none" and nvml.error.startswith("nvml: ")
 
 
 def test_summarise_samples():
