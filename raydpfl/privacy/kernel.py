@@ -94,6 +94,13 @@ def _real(name: str, value: Any, *, lower: float = 0.0, strict: bool = False) ->
     return value
 
 
+def _set_reals(mechanism: Mechanism, *names: str, strict: bool = False) -> None:
+    """Checks each named field of a frozen mechanism and stores it as a float."""
+    for name in names:
+        value = _real(name, getattr(mechanism, name), strict=strict)
+        object.__setattr__(mechanism, name, value)
+
+
 # --------------------------------------------------------------------------------------- #
 # Mechanisms: parameters + the event they cost
 # --------------------------------------------------------------------------------------- #
@@ -129,14 +136,9 @@ class SubsampledGaussian(Mechanism):
     sampling_rate: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _real("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(self, "clip_norm", _real("clip_norm", self.clip_norm))
-        q = _real("sampling_rate", self.sampling_rate)
-        if q > 1:
-            raise ValueError(f"sampling_rate must be in [0, 1], got {q}")
-        object.__setattr__(self, "sampling_rate", q)
+        _set_reals(self, "noise_multiplier", "clip_norm", "sampling_rate")
+        if self.sampling_rate > 1:
+            raise ValueError(f"sampling_rate must be in [0, 1], got {self.sampling_rate}")
 
     @property
     def noise_std(self) -> float:
@@ -154,17 +156,14 @@ class SubsampledGaussian(Mechanism):
 class GaussianRelease(Mechanism):
     """N(0, (σΔ)²) on every coordinate of one vector of L2 sensitivity Δ (full batch,
     no amplification): PE-DPFL's output perturbation (Δ = 2C), DPFL-BCS's full-batch
-    step, RC-DPFL's noisy selection loss."""
+    step and its stage-1 loss reports."""
 
     kind: ClassVar[str] = "gaussian"
     noise_multiplier: float
     sensitivity: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _real("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(self, "sensitivity", _real("sensitivity", self.sensitivity))
+        _set_reals(self, "noise_multiplier", "sensitivity")
 
     @property
     def noise_std(self) -> float:
@@ -191,12 +190,10 @@ class CertifiedGaussianRelease(GaussianRelease):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        eps = _real("epsilon", self.epsilon, strict=True)
-        delta = _real("delta", self.delta, strict=True)
+        _set_reals(self, "epsilon", "delta", strict=True)
+        eps, delta = self.epsilon, self.delta
         if delta >= 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
-        object.__setattr__(self, "epsilon", eps)
-        object.__setattr__(self, "delta", delta)
         needed = gaussian_sigma_analytic(1.0, eps, delta)
         if self.noise_multiplier < needed * (1 - 1e-9):
             raise ValueError(
@@ -225,10 +222,8 @@ class LaplaceRelease(Mechanism):
     sensitivity: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "scale_multiplier", _real("scale_multiplier", self.scale_multiplier, strict=True)
-        )
-        object.__setattr__(self, "sensitivity", _real("sensitivity", self.sensitivity))
+        _set_reals(self, "scale_multiplier", strict=True)
+        _set_reals(self, "sensitivity")
 
     @property
     def noise_scale(self) -> float:
@@ -255,7 +250,7 @@ class ExponentialSelection(Mechanism):
     epsilon: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _real("epsilon", self.epsilon, strict=True))
+        _set_reals(self, "epsilon", strict=True)
 
     def cost(self, invocations: int) -> PrivacyCost:
         return PrivacyCost(2.0 / self.epsilon, 1.0, invocations)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,18 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks.script_module import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module():
-    name = "benchmarks_gpu_kit_build"
-    if name not in sys.modules:
-        path = ROOT / "benchmarks" / "gpu_kit" / "build.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script("benchmarks_gpu_kit_build", ROOT / "benchmarks" / "gpu_kit" / "build.py")
 
 
 def test_pins_parse_and_none_is_in_the_image():

@@ -4,28 +4,22 @@ on the CPU (the GPU day's rehearsal: fake GPUs declared to Ray, a fake nvidia-sm
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.benchmarks.script_module import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_SMI = ROOT / "benchmarks" / "gpu_kit" / "fake_nvidia_smi.py"
 
 
 def _module():
-    name = "benchmarks_gpu_ray"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "gpu_ray.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script("benchmarks_gpu_ray", ROOT / "benchmarks" / "gpu_ray.py")
 
 
 def test_nvidia_smi_lines_parse():
