@@ -5,7 +5,10 @@ Every reproduction runner (``ali_dpfl.py``, ``fedfdp.py``, ``dpfl_bcs.py``, ``rc
 :func:`append_rows`, beside its own outputs; ``record.py`` turns the file into
 REPRODUCTION.md. The file is ``benchmarks/repro/results.jsonl`` unless the environment
 variable ``RAYDPFL_REPRO_RESULTS`` names another (tests, scratch runs); ``--no-record`` on a
-runner skips it.
+runner skips it. A runner that records refuses to start from a tree whose tracked files
+differ from HEAD (`check_tree`): a row must name a commit that reproduces it, so long runs
+go from a ``git worktree`` of a commit; ``--allow-dirty`` records anyway, and the rows'
+``commit`` then reads ``<hash>+dirty``.
 
 Row fields (``ROW_FIELDS``; every row has all of them, ``None`` where not applicable):
 
@@ -99,6 +102,40 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
+
+
+def add_record_args(parser: Any) -> None:
+    """The recording options every runner takes: ``--no-record`` and ``--allow-dirty``."""
+    parser.add_argument(
+        "--no-record", action="store_true", help="skip benchmarks/repro/results.jsonl"
+    )
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="record rows from a tree whose tracked files differ from HEAD (their commit "
+        "then reads <hash>+dirty: no commit reproduces them)",
+    )
+
+
+def check_tree(args: Any) -> None:
+    """Refuses, before any work, to record rows from an uncommitted tree: a row must name
+    a commit that produces it. One line on stderr and exit 2, unless ``--no-record`` (no
+    row is written), ``--allow-dirty`` (the rows say ``+dirty``) or a mode that runs
+    nothing (``--list``, ``--write-configs``)."""
+    if any(getattr(args, k, False) for k in ("no_record", "allow_dirty", "list", "write_configs")):
+        return
+    if os.environ.get(ENV_VAR, "").lower() == "off":
+        return
+    commit = git_commit()
+    if commit.endswith("+dirty"):
+        print(
+            f"{Path(sys.argv[0]).name}: error: the tree has uncommitted changes to tracked "
+            f"files ({commit}); commit them and run from a worktree of that commit "
+            "(git worktree add ../run <commit>), or pass --allow-dirty to record rows marked "
+            "+dirty, or --no-record",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--setting", choices=list(SETTINGS), default="fedfdp_t6_eps2")
     p.add_argument("--accumulator", choices=["keep", "zero"], default="keep")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-record", action="store_true", help="skip benchmarks/repro/results.jsonl")
+    _record.add_record_args(p)
     args = p.parse_args(argv)
+    _record.check_tree(args)
 
     step = code_client_step(args.accumulator == "keep", noise_seed=args.seed + 12345)
     dp_fedavg.dp_sgd_local_update = step  # DPFedAvg.local_update looks it up at call time

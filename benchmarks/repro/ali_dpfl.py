@@ -318,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=["expected", "actual", "fixed"],
         help="DP-SGD divisor (A7): q*|D_i| (default), the batch size, or 64 (authors' code)",
     )
-    p.add_argument("--no-record", action="store_true", help="skip benchmarks/repro/results.jsonl")
+    _record.add_record_args(p)
     args = p.parse_args(argv)
+    _record.check_tree(args)
     if args.write_configs:
         for path in write_configs():
             print(path.relative_to(ROOT))

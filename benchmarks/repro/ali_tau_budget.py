@@ -159,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mu-probe-size", type=int, default=None, help="default: the preset's 512")
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--no-record", action="store_true", help="skip benchmarks/repro/results.jsonl")
+    _record.add_record_args(p)
     p.add_argument(
         "--analytic", action="store_true", help="print τ* over a Γ × μ grid; no training"
     )
     args = p.parse_args(argv)
+    _record.check_tree(args)
     if args.analytic:
         return analytic(args)
     unknown = [m for m in args.methods if m not in repro.METHODS]

@@ -360,8 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rounds", type=int, default=None, help="truncate every run (compute)")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--no-record", action="store_true", help="skip benchmarks/repro/results.jsonl")
+    _record.add_record_args(p)
     args = p.parse_args(argv)
+    _record.check_tree(args)
     if args.write_configs:
         for path in write_configs():
             print(path.relative_to(ROOT))

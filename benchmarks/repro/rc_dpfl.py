@@ -412,8 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference-epochs", type=int, default=0, help="train θ* for F_acc/F_loss")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--out", default="rc_dpfl_repro.json", help="file in benchmarks/results/")
-    p.add_argument("--no-record", action="store_true", help="skip benchmarks/repro/results.jsonl")
+    _record.add_record_args(p)
     args = p.parse_args(argv)
+    _record.check_tree(args)
     if args.write_configs:
         paths = write_configs()
         print(f"wrote {len(paths)} presets under {CONFIG_DIR.relative_to(ROOT)}")

@@ -247,3 +247,37 @@ def test_a_runners_json_dump_keeps_the_entries_of_a_runner_beside_it(rec, tmp_pa
     rec.append_json(dump, {"run": "a2"})  # A again: B's entry stays
 
     assert json.loads(dump.read_text()) == [{"run": "a1"}, {"run": "b1"}, {"run": "a2"}]
+
+
+@pytest.mark.parametrize(
+    "argv, refused",
+    [([], True), (["--allow-dirty"], False), (["--no-record"], False)],
+)
+def test_a_runner_refuses_to_record_from_an_uncommitted_tree(
+    rec, monkeypatch, capsys, argv, refused
+):
+    """Rows must name a commit that produces them: a dirty tree is refused before any
+    work, in one line, unless told otherwise (then the row's commit says +dirty)."""
+    monkeypatch.setattr(rec, "git_commit", lambda: "abc1234+dirty")
+    p = argparse.ArgumentParser()
+    rec.add_record_args(p)
+    args = p.parse_args(argv)
+    if refused:
+        with pytest.raises(SystemExit) as e:
+            rec.check_tree(args)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "uncommitted changes" in err[0] and "--allow-dirty" in err[0]
+    else:
+        rec.check_tree(args)
+    monkeypatch.setattr(rec, "git_commit", lambda: "abc1234")
+    rec.check_tree(p.parse_args([]))  # a clean tree records
+
+
+@pytest.mark.parametrize(
+    "runner",
+    ["ali_dpfl", "ali_tau_budget", "dpfl_bcs", "fedfdp", "rc_dpfl", "accumulator_ablation"],
+)
+def test_every_recording_runner_checks_its_tree(runner):
+    text = (REPRO / f"{runner}.py").read_text()
+    assert "_record.add_record_args(p)" in text and "_record.check_tree(args)" in text
