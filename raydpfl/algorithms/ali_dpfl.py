@@ -64,6 +64,9 @@ MU_EPS = 1e-12
 GammaMode = Literal["fixed", "code_estimate"]
 TauFormula = Literal["paper", "code", "consistent"]
 LastRound = Literal["truncate", "skip"]
+MuEstimator = Literal["paper", "code_torch", "code_mindspore"]
+#: The authors' code adds 1e-6 to the μ denominator (§4.6.1 [CODE]); the paper's form 1e-12.
+CODE_MU_EPS = 1e-6
 
 
 def mean_gradient(model: torch.nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor):
@@ -75,9 +78,13 @@ def mean_gradient(model: torch.nn.Module, params: Params, x: torch.Tensor, y: to
 
 
 def secant_mu(
-    grad_diff_norms: Sequence[float], model_distances: Sequence[float], weights: Sequence[float]
+    grad_diff_norms: Sequence[float],
+    model_distances: Sequence[float],
+    weights: Sequence[float],
+    eps: float = MU_EPS,
 ) -> float:
-    """μ = Σ_i p_i ‖∇F_i(w^i) − ∇F_i(w)‖ / ‖w^i − w‖ with p_i = weights/Σ weights (§4.6.1).
+    """μ = Σ_i p_i ‖∇F_i(w^i) − ∇F_i(w)‖ / (‖w^i − w‖ + eps) with p_i = weights/Σ weights
+    (§4.6.1; the authors' code estimators put other numerators over the same distances).
 
     Returns NaN when no client reported (the caller then keeps the previous τ).
     """
@@ -86,7 +93,14 @@ def secant_mu(
     p = np.asarray(weights, dtype=float)
     if num.size == 0 or p.sum() <= 0:
         return float("nan")
-    return float(np.sum(p / p.sum() * num / (den + MU_EPS)))
+    return float(np.sum(p / p.sum() * num / (den + eps)))
+
+
+def displacement_norm(before: Params, after: Params) -> float:
+    """‖w_after − w_before‖ over every tensor: the numerator of the authors' PyTorch μ
+    (§4.6.1 [CODE, PyTorch]: the "gradient" difference it takes is of model copies around
+    the last local step, i.e. that step's noisy update)."""
+    return math.sqrt(sum(float((after[n] - before[n]).double().pow(2).sum()) for n in after))
 
 
 class AliDpfl(Algorithm):
@@ -106,6 +120,13 @@ class AliDpfl(Algorithm):
         gamma_mode: ``fixed`` (the paper) or ``code_estimate`` (the authors' code: Γ ←
             |Σ p_i Δloss_i| over each client's last local step, §4.6.2).
         mu_probe_size: Records in each client's μ probe; None = all its records.
+        mu_estimator: The numerator of μ (§4.6.1, A9). ``paper``: ‖∇F̂_i(w^i) − ∇F̂_i(w)‖
+            on a probe of raw records, a follow-up task after aggregation (unaccounted).
+            ``code_torch`` (the authors' PyTorch code): ‖w_after − w_before‖ of the last
+            local step, the noisy step itself (a function of DP-SGD's outputs, so nothing
+            is released beyond the charged steps). ``code_mindspore`` (their MindSpore
+            port): ‖∇ℓ_B(w_after) − ∇ℓ_B(w_before)‖ on the last step's batch, unclipped
+            and un-noised (unaccounted). Both code forms divide by ‖w^i − w(k+1)‖ + 1e-6.
         tau_formula: Eq. 9 (``paper``), the code's (2 + 2/T) (``code``) or the β = 2/μ
             consistent form (``consistent``), see `tau_star`.
         tau_init: τ of the first round (A14: 1).
@@ -142,6 +163,7 @@ class AliDpfl(Algorithm):
         gamma: float = 10.0,
         gamma_mode: GammaMode = "fixed",
         mu_probe_size: int | None = 512,
+        mu_estimator: MuEstimator = "paper",
         tau_formula: TauFormula = "paper",
         tau_init: int = 1,
         tau_max: int = TAU_MAX,
@@ -165,6 +187,11 @@ class AliDpfl(Algorithm):
         self.gamma = gamma
         self.gamma_mode = gamma_mode
         self.mu_probe_size = mu_probe_size
+        if mu_estimator not in ("paper", "code_torch", "code_mindspore"):
+            raise ValueError(
+                f"mu_estimator must be paper, code_torch or code_mindspore, got {mu_estimator!r}"
+            )
+        self.mu_estimator = mu_estimator
         self.tau_formula = tau_formula
         self.tau_max = tau_max
         self.last_round = last_round
@@ -180,6 +207,7 @@ class AliDpfl(Algorithm):
         self._local_models: dict[int, Params] = {}
         self._weights: dict[int, float] = {}
         self._new_params: Params = {}
+        self._code_numerators: dict[int, float] = {}  # the code estimators', from training
 
     # ---- server half ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -228,6 +256,8 @@ class AliDpfl(Algorithm):
         step = SubsampledGaussian(self.noise_multiplier, self.clip_norm, self.sampling_rate)
         steps = (uses(step, tau),)
         extras = {"estimate_gamma": 1.0} if self.gamma_mode == "code_estimate" else {}
+        if self.adaptive and self.mu_estimator != "paper":
+            extras["mu_probe"] = 1.0 if self.mu_estimator == "code_torch" else 2.0
         return [
             ClientTask(
                 client_id=c,
@@ -257,6 +287,9 @@ class AliDpfl(Algorithm):
                     n: global_params[n] + r.update[n] for n in global_params
                 }
                 self._weights[r.client_id] = r.weight
+                if "mu_numerator" in r.metrics:
+                    self._code_numerators[r.client_id] = r.metrics["mu_numerator"]
+            self._new_params = new
         return new
 
     def _estimate_gamma(self, results: Sequence[ClientResult]) -> None:
@@ -275,8 +308,8 @@ class AliDpfl(Algorithm):
         results: Sequence[ClientResult],
         new_params: Params,
     ) -> list[ClientTask]:
-        if not self.adaptive or self._ends_after_this_round():
-            return []
+        if not self.adaptive or self._ends_after_this_round() or self.mu_estimator != "paper":
+            return []  # the code estimators' numerators came with the training results
         self._new_params = new_params
         probe = float(self.mu_probe_size) if self.mu_probe_size is not None else 0.0
         return [
@@ -305,17 +338,24 @@ class AliDpfl(Algorithm):
         followups: Sequence[ClientResult] = (),
     ) -> dict[str, float]:
         out = {"tau": float(self.tau_current), "iterations_done": float(self.iterations_done)}
-        if self.adaptive and followups:
+        if self.mu_estimator == "paper":
+            reported = {r.client_id: r.metrics["mu_grad_diff"] for r in followups}
+            eps = MU_EPS
+        elif self._ends_after_this_round():
+            reported, eps = {}, CODE_MU_EPS
+        else:
+            reported, eps = dict(self._code_numerators), CODE_MU_EPS
+        if self.adaptive and reported:
             new = self._new_params
             distances, numerators, weights = [], [], []
-            for r in followups:
-                local = self._local_models[r.client_id]
+            for client, numerator in reported.items():
+                local = self._local_models[client]
                 distances.append(
                     math.sqrt(sum(float((local[n] - new[n]).pow(2).sum()) for n in new))
                 )
-                numerators.append(r.metrics["mu_grad_diff"])
-                weights.append(self._weights[r.client_id])
-            mu = secant_mu(numerators, distances, weights)
+                numerators.append(numerator)
+                weights.append(self._weights[client])
+            mu = secant_mu(numerators, distances, weights, eps)
             # T = min(R_s·τ_prev, R_c) with the totals, not what remains (§4.6, A13).
             total = min(self.rounds_budget * max(self.tau_current, 1), self.iteration_budget)
             out.update(mu=mu, gamma=float(self.gamma), tau_T=float(total))
@@ -334,6 +374,7 @@ class AliDpfl(Algorithm):
                 self.tau_next = round_tau(raw, tau_max=self.tau_max)
                 out["tau_raw"] = raw
         self._local_models, self._weights, self._new_params = {}, {}, {}
+        self._code_numerators = {}
         out["tau_next"] = float(self.tau_next)
         return out
 
@@ -342,11 +383,17 @@ class AliDpfl(Algorithm):
             "client_dataset_sizes (aggregation weights p_i and, if normalizer=expected, "
             "the DP-SGD divisor q*|D_i|; B-hat = q*min|D_i|)"
         ]
-        if self.adaptive:
+        if self.adaptive and self.mu_estimator == "paper":
             out.append(
                 "mu_statistics (per client and round: the norm of the difference of the mean "
                 "unclipped gradients at its local model and at the new global model, on a "
                 "probe of its raw training records; feeds tau*, not privatised)"
+            )
+        if self.adaptive and self.mu_estimator == "code_mindspore":
+            out.append(
+                "mu_statistics (per client and round, the authors' MindSpore estimator: the "
+                "norm of the difference of the mean unclipped gradients on the last local "
+                "step's batch before and after that step; feeds tau*, not privatised)"
             )
         if self.gamma_mode == "code_estimate":
             out.append(
@@ -373,6 +420,9 @@ class AliDpfl(Algorithm):
             return self._mu_stats(ctx, params, data, task)
         if task.kind != "train":
             raise ValueError(f"ali_dpfl has no task kind {task.kind!r}")
+        probe = {1.0: _torch_mu_probe, 2.0: _mindspore_mu_probe(ctx.model)}.get(
+            float(task.extras.get("mu_probe", 0.0))
+        )
         return dp_sgd_local_update(
             ctx,
             params,
@@ -381,6 +431,7 @@ class AliDpfl(Algorithm):
             normalizer=self.normalizer,
             fixed_divisor=self.fixed_divisor,
             track_last_loss=bool(task.extras.get("estimate_gamma", 0.0)),
+            last_step_probe=probe,
         )
 
     def _mu_stats(
@@ -401,6 +452,21 @@ class AliDpfl(Algorithm):
             num_examples=n,
             metrics={"mu_grad_diff": float((at_local - at_global).norm())},
         )
+
+
+def _torch_mu_probe(before: Params, after: Params, x, y) -> dict[str, float]:
+    """The authors' PyTorch μ numerator: the last local step's displacement."""
+    return {"mu_numerator": displacement_norm(before, after)}
+
+
+def _mindspore_mu_probe(model: torch.nn.Module):
+    """The authors' MindSpore μ numerator: the last batch's mean-gradient difference."""
+
+    def probe(before: Params, after: Params, x, y) -> dict[str, float]:
+        diff = mean_gradient(model, after, x, y) - mean_gradient(model, before, x, y)
+        return {"mu_numerator": float(diff.norm())}
+
+    return probe
 
 
 class DPFedAvgFixedTau(AliDpfl):

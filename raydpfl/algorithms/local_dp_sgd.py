@@ -79,6 +79,7 @@ from raydpfl.privacy.loss_query import LossPrecision, clip_losses, private_mean_
 
 __all__ = [
     "Correction",
+    "LastStepProbe",
     "LossPrecision",
     "Normalizer",
     "batch_loss",
@@ -96,6 +97,8 @@ Normalizer = Literal["expected", "actual", "fixed"]
 #: A client-side gradient correction: (current params, start params, payload) → term, or
 #: None for no term this step. Evaluated at each step's start point; draws no randomness.
 Correction = Callable[[Params, Params, Mapping[str, torch.Tensor]], Params | None]
+#: Metrics of the last step: (params before it, params after it, its batch x, y) → metrics.
+LastStepProbe = Callable[[Params, Params, torch.Tensor, torch.Tensor], dict[str, float]]
 
 
 # --------------------------------------------------------------------------------------- #
@@ -114,6 +117,7 @@ def dp_sgd_local_loop(
     fixed_divisor: float = 64.0,
     track_last_loss: bool = False,
     mechanism: SubsampledGaussian | None = None,
+    last_step_probe: LastStepProbe | None = None,
 ) -> tuple[Params, dict[str, float]]:
     """Runs τ = `task.local_steps` DP-SGD steps on `params` in place.
 
@@ -140,6 +144,9 @@ def dp_sgd_local_loop(
         mechanism: Which declared `SubsampledGaussian` the steps use, when the task
             declares more than one (e.g. DP-SGD steps and a noisy loss query); default:
             the task's only one.
+        last_step_probe: Called after the last step (when its batch is not empty) with
+            the parameters before and after it and that step's batch; its metrics are
+            added (ALI-DPFL's code μ estimators). Reads, never writes, the parameters.
 
     Returns:
         (a copy of the start params, metrics): ``last_step_loss_change`` (if tracked),
@@ -161,9 +168,12 @@ def dp_sgd_local_loop(
             batch_sizes.append(0)
             continue
         x, y = data.batch(positions)
-        last = track_last_loss and step == task.local_steps - 1 and positions.numel() > 0
+        final = step == task.local_steps - 1 and positions.numel() > 0
+        last = track_last_loss and final
         if last:
             before = batch_loss(ctx.model, params, x, y)
+        if final and last_step_probe is not None:
+            params_before = {name: p.detach().clone() for name, p in params.items()}
         divisor = step_divisor(
             normalizer, dp_sgd.sampling_rate, n, int(positions.numel()), fixed_divisor
         )
@@ -196,6 +206,8 @@ def dp_sgd_local_loop(
                         p.sub_(extra[name], alpha=task.lr)
         if last:
             metrics["last_step_loss_change"] = batch_loss(ctx.model, params, x, y) - before
+        if final and last_step_probe is not None:
+            metrics.update(last_step_probe(params_before, params, x, y))
         batch_sizes.append(stats.batch_size)
         clipped.append(stats.clipped_fraction)
     metrics["mean_batch_size"] = float(np.mean(batch_sizes)) if batch_sizes else 0.0
@@ -231,6 +243,7 @@ def dp_sgd_local_update(
     fixed_divisor: float = 64.0,
     track_last_loss: bool = False,
     mechanism: SubsampledGaussian | None = None,
+    last_step_probe: LastStepProbe | None = None,
 ) -> ClientResult:
     """`dp_sgd_local_loop` with flat clipping and no correction, as a `ClientResult`:
     update = trained − start, weight |D|. The client half of DP-FedAvg, ALI-DPFL, Adap
@@ -244,6 +257,7 @@ def dp_sgd_local_update(
         fixed_divisor=fixed_divisor,
         track_last_loss=track_last_loss,
         mechanism=mechanism,
+        last_step_probe=last_step_probe,
     )
     n = data.num_examples
     return ClientResult(

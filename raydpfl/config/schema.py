@@ -321,6 +321,10 @@ class AliDpflConfig:
     gamma: float = 10.0  # Γ: 10 for Dir(0.05); Table V: IID 0, Dir(0.5) 5, Dir(1) 1
     gamma_mode: Literal["fixed", "code_estimate"] = "fixed"  # code_estimate: unaccounted
     mu_probe_size: int | None = 512  # records per client for the μ estimate; null = all
+    # μ's numerator: paper (a probe's gradient difference, unaccounted), code_torch (the
+    # authors' PyTorch: the last local step's displacement, DP-clean), code_mindspore
+    # (their MindSpore port: the last batch's gradient difference, unaccounted).
+    mu_estimator: Literal["paper", "code_torch", "code_mindspore"] = "paper"
     # τ*: paper (Eq. 9), code (the authors' 2 + 2/T), consistent (β = 2/μ).
     tau_formula: Literal["paper", "code", "consistent"] = "paper"
     tau_init: int = 1  # τ of round 1 (before any μ estimate)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,8 @@ from raydpfl.algorithms.ali_dpfl import AliDpfl, DPFedAvgFixedTau, secant_mu
 from raydpfl.algorithms.ali_dpfl_theory import iteration_budget, round_tau, tau_star
 from raydpfl.algorithms.base import ClientResult
 from raydpfl.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
 from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.simulation.outputs import prepare_run_dir
 from tests.conftest import small_config
@@ -264,3 +267,43 @@ def test_fixed_divisor_rescales_one_noisy_step_by_expected_batch_over_divisor():
     expected_batch = 0.1 * exp.dataset.train_sizes()[2]
     for name, u in updates["expected"].items():
         torch.testing.assert_close(updates["fixed"][name], u * expected_batch / 7.0)
+
+
+# ---- the authors' μ estimators (spec §4.6.1, A9) ------------------------------------------
+def test_secant_mu_takes_the_code_denominator_epsilon():
+    from raydpfl.algorithms.ali_dpfl import CODE_MU_EPS, secant_mu
+
+    assert secant_mu([2.0, 4.0], [1.0, 3.0], [1.0, 3.0], CODE_MU_EPS) == pytest.approx(
+        0.25 * 2.0 / (1.0 + 1e-6) + 0.75 * 4.0 / (3.0 + 1e-6), rel=1e-15
+    )
+
+
+def test_the_torch_probe_is_the_last_steps_displacement():
+    from raydpfl.algorithms.ali_dpfl import _torch_mu_probe
+
+    before = {"w": torch.zeros(3), "b": torch.ones(1)}
+    after = {"w": torch.tensor([3.0, 0.0, 4.0]), "b": torch.ones(1)}
+    assert _torch_mu_probe(before, after, None, None) == {"mu_numerator": 5.0}
+
+
+@pytest.mark.parametrize("estimator", ["code_torch", "code_mindspore"])
+def test_code_estimators_feed_tau_without_a_follow_up(estimator):
+    """Adaptive ALI-DPFL with a code estimator: no μ follow-up task, μ from the training
+    results' numerators over ‖w^i − w(k+1)‖ + 1e-6; the PyTorch form releases nothing
+    beyond the charged DP-SGD steps (no μ statistics listed as unaccounted)."""
+    import raydpfl
+
+    result = raydpfl.run_simulation(
+        str(ROOT / "configs/ali_dpfl/fashion_mnist/tableii_rc_5.yaml"),
+        overrides=[
+            "runtime.backend=local",
+            "experiment.data.dataset=digits",
+            "experiment.model.name=mlp",
+            "experiment.algorithm.rounds=3",
+            f"experiment.algorithm.ali_dpfl.mu_estimator={estimator}",
+        ],
+    )
+    table = result.history.to_pandas()
+    assert table["mu"].notna().any() and (table["mu"].dropna() > 0).all()
+    listed = " ".join(result.summary["unaccounted_releases"])
+    assert ("mu_statistics" in listed) == (estimator == "code_mindspore")

@@ -195,6 +195,7 @@ def _ali(
             gamma=ali.gamma,
             gamma_mode=ali.gamma_mode,
             mu_probe_size=ali.mu_probe_size,
+            mu_estimator=ali.mu_estimator,
             tau_formula=ali.tau_formula,
             tau_init=ali.tau_init,
             tau_max=ali.tau_max,
