@@ -14,11 +14,11 @@ from raydpfl.algorithms.ali_dpfl import AliDpfl, DPFedAvgFixedTau, secant_mu
 from raydpfl.algorithms.ali_dpfl_theory import iteration_budget, round_tau, tau_star
 from raydpfl.algorithms.base import ClientResult
 from raydpfl.config import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
 from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.simulation.outputs import prepare_run_dir
 from tests.conftest import small_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 D = 1000  # a toy model dimension for the server-half tests
 
