@@ -32,6 +32,25 @@ _EXPORTS = {
     "Callback": "raydpfl.callbacks",
     "run_audit": "raydpfl.audit",
     "AuditResult": "raydpfl.audit",
+    # Writing an algorithm: the contract (raydpfl/algorithms/base.py) ...
+    "Algorithm": "raydpfl.algorithms.base",
+    "ClientTask": "raydpfl.algorithms.base",
+    "ClientResult": "raydpfl.algorithms.base",
+    "ClientContext": "raydpfl.algorithms.base",
+    "ClientData": "raydpfl.algorithms.base",
+    "WeightedUpdateSum": "raydpfl.algorithms.base",
+    "privacy_session": "raydpfl.algorithms.base",
+    "dp_sgd_local_update": "raydpfl.algorithms.local_dp_sgd",
+    "noisy_loss_query": "raydpfl.algorithms.local_dp_sgd",
+    # ... and the privacy kernel its tasks declare (docs/architecture.md).
+    "SubsampledGaussian": "raydpfl.privacy.kernel",
+    "GaussianRelease": "raydpfl.privacy.kernel",
+    "CertifiedGaussianRelease": "raydpfl.privacy.kernel",
+    "LaplaceRelease": "raydpfl.privacy.kernel",
+    "ExponentialSelection": "raydpfl.privacy.kernel",
+    "MechanismUse": "raydpfl.privacy.kernel",
+    "uses": "raydpfl.privacy.kernel",
+    "PrivacyContractError": "raydpfl.privacy.kernel",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -148,3 +148,20 @@ def test_the_worked_example_gives_one_model_hash_on_local_and_on_ray():
     assert [line.split(":")[0].strip() for line in lines] == ["local", "ray"]
     hashes = {line.rsplit("model ", 1)[1] for line in lines}
     assert len(hashes) == 1, out.stdout
+
+
+def test_every_public_name_resolves_and_importing_stays_cheap():
+    """`import raydpfl` exposes the run API, the algorithm contract and the privacy kernel
+    by name; each resolves to the object of the module it names, on first access."""
+    import importlib
+    import subprocess
+    import sys
+
+    import raydpfl
+
+    for name, module in raydpfl._EXPORTS.items():
+        assert getattr(raydpfl, name) is getattr(importlib.import_module(module), name), name
+    assert {"Algorithm", "ClientTask", "SubsampledGaussian", "uses"} <= set(dir(raydpfl))
+    probe = "import raydpfl, sys; print('torch' in sys.modules, 'ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
