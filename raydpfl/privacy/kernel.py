@@ -1,8 +1,11 @@
 """The privacy kernel: mechanisms that own their noise and their charge, and receipts.
 
 Every randomised release about a client's records goes through a *mechanism* object of
-this module. A mechanism is a small frozen value (its σ, its bound, its sampling rate)
-with two faces that cannot drift apart, because both read the same fields:
+this module (record level, drawn on the workers) or of
+`raydpfl.privacy.client_level_mechanisms` (client level, drawn by the server half through
+the round's `PopulationSession`). A mechanism is a small frozen value (its σ, its bound,
+its sampling rate) with two faces that cannot drift apart, because both read the same
+fields:
 
 - `Mechanism.cost` — the ledger's event for ``n`` invocations (a `PrivacyCost`, the
   vocabulary of `raydpfl.privacy.ledger`, like dp-accounting's DpEvents);

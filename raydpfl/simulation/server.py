@@ -7,7 +7,9 @@ One round (design.md §1):
   3. charge the ledger          (before dispatch; a task that would exceed the client's
                                  budget is refused and never sent)
   4. workers train              (backend; results in plan order)
-  5. aggregate                  (algorithm)
+  5. aggregate                  (algorithm; a client-level round draws its declared,
+                                 charged noise through the round's session, and its
+                                 receipt is checked)
   6. per-round optimisers       (algorithm.after_round)
   7. evaluate, record, report
 
