@@ -8,7 +8,8 @@ Privacy unit: one client (all its training records). Each round:
    and clips its update Δ_k to L2 norm S (`clip_update`; flat, or per layer with
    S/√L per parameter tensor so the whole stays within S);
 3. the server sums the clipped updates with uniform weights, adds N(0, σ²S²) once
-   (`add_aggregate_noise`, drawn through `raydpfl.privacy.dpsgd.gaussian_like` from a
+   through the round's `ClientGaussianSum` mechanism (`raydpfl.privacy.
+   client_level_mechanisms`: drawn with `raydpfl.privacy.dpsgd.gaussian_like` from a
    stream derived from (run seed, round), or from os.urandom in secure-noise mode) and
    divides by the *expected* cohort size E = q·N or K, a public constant
    (`dp_fedavg_update`: the fixed-denominator estimator f̃_f of the paper, §2, with
@@ -16,8 +17,10 @@ Privacy unit: one client (all its training records). Each round:
 4. θ ← θ + (Σ_k clip_S(Δ_k) + z) / E (server learning rate 1).
 
 Distributed noise (``noise: distributed``, fixed-size sampling only): each client adds
-N(0, σ²S²/K) to its clipped update and the server only sums, so the sum carries exactly
-N(0, σ²S²) as in the central variant: the same mechanism, the same ε.
+N(0, σ²S²/K) to its clipped update (its task declares the round's `GaussianShare`, drawn
+through its worker's `PrivacySession`) and the server only sums, so the sum carries
+exactly N(0, σ²S²) as in the central variant: the same event (`DistributedGaussianSum`),
+the same ε.
 
 Adaptive clipping (``adaptive_clipping``; Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS
 2021, Algorithm 1 with the geometric update): each client also reports the bit
@@ -26,7 +29,8 @@ noisy unclipped fraction b̃ and sets S_{t+1} = S_t·exp(−η_C (b̃ − γ)). 
 releases of a round (updates: sensitivity S_t, noise z_Δ S_t; centred bits: sensitivity
 ½, noise σ_b) compose to one Gaussian with noise multiplier σ when
 z_Δ = (σ⁻² − (2σ_b)⁻²)^(−½) (`update_noise_multiplier`), so the round's accounting is
-unchanged: the same `ClientLevelCost(σ)`.
+unchanged: the same `ClientLevelCost(σ)`. Both releases are the round's
+`AdaptiveClipGaussianSum`, which computes z_Δ from σ and σ_b itself.
 
 Server optimizers (``server_optimizer``) act on the noisy mean update Δ̄ after the
 release (post-processing, no privacy cost): ``sgd`` θ ← θ + η_s Δ̄; ``momentum``
@@ -35,15 +39,17 @@ FedAdam, FedYogi: Reddi et al., ICLR 2021, Algorithm 2) m ← β₁m + (1−β�
 rule, θ ← θ + η_s m/(√v + τ). The step is `raydpfl.algorithms.server_optimizers.server_step`,
 shared with record-level FedAvg, DP-FedAvg, FedProx and DP-FedProx.
 
-Accounting is at the population level (`raydpfl.privacy.client_level`): every round is
-charged once, before it is dispatched, to the run's `ClientLevelLedger`
-(`round_privacy_cost`); tasks declare no per-client cost. This module imports no Ray.
+Accounting is at the population level (`raydpfl.privacy.client_level`): the server half
+declares the round's mechanism (`round_mechanisms`); the server charges its event once,
+before the round is dispatched, to the run's `ClientLevelLedger` (`round_privacy_cost`
+is derived from it), hands the aggregation the round's session (``round_session``) and
+refuses a round whose noise was not drawn through it exactly once. Tasks declare no
+per-client cost (distributed: a share charged with the round). This module imports no Ray.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -58,6 +64,7 @@ from raydpfl.algorithms.base import (
     ClientTask,
     Params,
     WeightedUpdateSum,
+    privacy_session,
     uniform_cohort,
 )
 from raydpfl.algorithms.fedavg import FedAvg
@@ -71,12 +78,20 @@ from raydpfl.algorithms.server_optimizers import (  # noqa: F401
 )
 from raydpfl.privacy import secure_noise
 from raydpfl.privacy.client_level import ClientLevelCost
+from raydpfl.privacy.client_level_mechanisms import (  # noqa: F401 (re-exported)
+    COUNT_NOISE_PURPOSE,
+    NOISE_PURPOSE,
+    AdaptiveClipGaussianSum,
+    ClientGaussianSum,
+    DistributedGaussianSum,
+    GaussianShare,
+    population_charge,
+    round_noise_generator,
+    round_session,
+    update_noise_multiplier,
+)
 from raydpfl.privacy.dpsgd import gaussian_like
-
-#: The purpose tag of the server's aggregate-noise stream.
-NOISE_PURPOSE = "client_level_noise"
-#: The purpose tag of the noise on the count of unclipped updates (adaptive clipping).
-COUNT_NOISE_PURPOSE = "client_level_clip_count"
+from raydpfl.privacy.kernel import MechanismUse, uses
 
 
 # ---- the paper's math, as small pure functions -----------------------------------------------
@@ -140,22 +155,6 @@ def dp_fedavg_update(
     return {n: global_params[n] + noisy_sum[n] / expected_cohort for n in global_params}
 
 
-def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
-    """z_Δ = (z⁻² − (2σ_b)⁻²)^(−½): the update noise multiplier that, composed with the
-    centred-bit count release (sensitivity ½, noise σ_b: multiplier 2σ_b), gives one
-    Gaussian with multiplier z (Andrew et al. 2021, §3: Gaussian multipliers compose as
-    z⁻² = z_Δ⁻² + (2σ_b)⁻²). Needs z < 2σ_b; z = 0 (no noise) gives 0."""
-    if noise_multiplier == 0:
-        return 0.0
-    if not count_stddev > noise_multiplier / 2:
-        raise ValueError(
-            f"clip_count_stddev {count_stddev:g} must exceed noise_multiplier/2 = "
-            f"{noise_multiplier / 2:g} (the count's noise alone would spend more than the "
-            "whole budget); raise it or the cohort size"
-        )
-    return (noise_multiplier**-2 - (2 * count_stddev) ** -2) ** -0.5
-
-
 def noisy_unclipped_fraction(
     within: float, count: int, noise: float, expected_cohort: float
 ) -> float:
@@ -182,14 +181,9 @@ def noise_generator(
     seed: int, round_idx: int, secure: bool = False, purpose: str = NOISE_PURPOSE
 ) -> torch.Generator:
     """The server noise's stream for (run seed, round, purpose): independent of the workers
-    and of the order clients ran; a `SecureGenerator` in secure-noise mode."""
-    if secure:
-        return secure_noise.SecureGenerator()
-    tag = zlib.crc32(purpose.encode("utf-8"))
-    seq = np.random.SeedSequence([int(seed), round_idx + 1, 0, tag])
-    gen = torch.Generator()
-    gen.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1)))
-    return gen
+    and of the order clients ran; a `SecureGenerator` in secure-noise mode (the streams
+    the round's mechanisms draw from: `round_noise_generator`)."""
+    return round_noise_generator(seed, round_idx, secure, purpose)
 
 
 # ---- the algorithm ---------------------------------------------------------------------------
@@ -284,14 +278,12 @@ class DPFedAvgClientLevel(Algorithm):
             if clip_count_stddev is not None
             else 0.05 * self.cost.expected_cohort
         )
-        # z_Δ: σ itself without adaptive clipping; larger with it (the count takes a share).
-        self.update_noise_multiplier = (
-            update_noise_multiplier(self.noise_multiplier, self.clip_count_stddev)
-            if self.adaptive_clipping
-            else self.noise_multiplier
-        )
         self.current_clip_norm = self.clip_norm  # S_t (moves with adaptive clipping)
         self._round_clip: dict[str, float] = {}
+        # z_Δ (reported in the privacy statement): σ itself without adaptive clipping;
+        # larger with it (the count takes a share). Computed by the round's mechanism
+        # (`AdaptiveClipGaussianSum`, which also validates σ_b against σ), never stated.
+        self.update_noise_multiplier = self.round_mechanism().update_noise_multiplier
 
     @property
     def server_optimizer(self) -> str:
@@ -304,9 +296,34 @@ class DPFedAvgClientLevel(Algorithm):
         return self.cost.expected_cohort
 
     # ---- server half -----------------------------------------------------------------------
+    def round_mechanism(
+        self,
+    ) -> ClientGaussianSum | AdaptiveClipGaussianSum | DistributedGaussianSum:
+        """The mechanism of the round about to run: the Gaussian on the sum of updates
+        clipped to S_t (central), with the count of unclipped updates (adaptive), or the
+        sum of the clients' shares (distributed)."""
+        if self.noise == "distributed":
+            assert self.cohort_size is not None
+            return DistributedGaussianSum(
+                self.noise_multiplier, self.clip_norm, self.num_clients, self.cohort_size
+            )
+        common = (self.sampling, self.num_clients, self.sampling_rate, self.cohort_size)
+        if self.adaptive_clipping:
+            return AdaptiveClipGaussianSum(
+                self.noise_multiplier, self.current_clip_norm, self.clip_count_stddev, *common
+            )
+        return ClientGaussianSum(self.noise_multiplier, self.current_clip_norm, *common)
+
+    def round_mechanisms(self, round_idx: int) -> tuple[MechanismUse, ...]:
+        """What the server half draws in the round: one invocation of its mechanism."""
+        return (uses(self.round_mechanism(), 1),)
+
     def round_privacy_cost(self, round_idx: int) -> ClientLevelCost:
-        """One round of the subsampled Gaussian over the population, charged before dispatch."""
-        return self.cost
+        """One round of the subsampled Gaussian over the population, charged before
+        dispatch: the event of the round's declared mechanism."""
+        cost = population_charge(self.round_mechanisms(round_idx))
+        assert cost is not None
+        return cost
 
     def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
         if num_clients != self.num_clients:
@@ -327,6 +344,11 @@ class DPFedAvgClientLevel(Algorithm):
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
     ) -> list[ClientTask]:
         self._round = round_idx
+        mechanism = self.round_mechanism()
+        # distributed: each client draws its share of the round's noise
+        shares = (
+            (uses(mechanism.share, 1),) if isinstance(mechanism, DistributedGaussianSum) else ()
+        )
         return [
             ClientTask(
                 client_id=c,
@@ -334,6 +356,7 @@ class DPFedAvgClientLevel(Algorithm):
                 local_steps=self.local_steps,
                 lr=self.lr,
                 batch_size=self.batch_size,
+                mechanisms=shares,
                 # S_t: the round's bound (it moves with adaptive clipping); the task carries
                 # it because the workers' copy of this object is the one built at start.
                 extras={"update_clip_norm": self.current_clip_norm},
@@ -351,28 +374,26 @@ class DPFedAvgClientLevel(Algorithm):
             summed = {n: torch.zeros_like(t) for n, t in global_params.items()}
         else:
             summed = {n: total.total[n].to(global_params[n].device) for n in global_params}
-        secure = bool(getattr(self, "secure_noise", False))
-        clip = self.current_clip_norm
-        if self.noise == "central":
-            gen = noise_generator(self.seed, self._round, secure)
-            summed = add_aggregate_noise(
-                summed, aggregate_noise_std(self.update_noise_multiplier, clip), gen
-            )
+        # the round's mechanism, live: the server's session, or (direct calls) a fresh one
+        session = round_session(self, self._round, self.round_mechanisms, self.seed)
+        live = session.get()
+        if self.noise == "distributed":
+            summed = live.release(summed, tasks)
+        else:
+            summed = live.release(summed)
         if self.adaptive_clipping:
-            self._adapt_clip_norm(total, secure)
+            self._adapt_clip_norm(total, live)
         if self._server_opt.plain:
             return dp_fedavg_update(global_params, summed, self.expected_cohort)
         mean = {n: summed[n] / self.expected_cohort for n in global_params}
         return self._server_opt.step(global_params, mean)
 
-    def _adapt_clip_norm(self, total: WeightedUpdateSum, secure: bool) -> None:
-        """Releases the noisy unclipped fraction and moves S (Andrew et al. 2021)."""
+    def _adapt_clip_norm(self, total: WeightedUpdateSum, live: Any) -> None:
+        """Releases the noisy unclipped fraction (the count's N(0, σ_b²) drawn by the
+        round's `AdaptiveClipGaussianSum`) and moves S (Andrew et al. 2021)."""
         within = float(total.metric_sums.get("update_within_clip", 0.0))
-        gen = noise_generator(self.seed, self._round, secure, COUNT_NOISE_PURPOSE)
-        draw = gaussian_like(torch.zeros(1, dtype=torch.float64), self.clip_count_stddev, gen)
-        fraction = noisy_unclipped_fraction(
-            within, total.count, float(draw[0]), self.expected_cohort
-        )
+        noise = live.noisy_count()
+        fraction = noisy_unclipped_fraction(within, total.count, noise, self.expected_cohort)
         used = self.current_clip_norm
         self.current_clip_norm = geometric_clip_update(
             used, fraction, self.target_quantile, self.clip_lr
@@ -427,10 +448,8 @@ class DPFedAvgClientLevel(Algorithm):
         norm = update_norm(trained.update)
         clip = float(task.extras.get("update_clip_norm", self.clip_norm))
         update = clip_update(trained.update, clip, self.clipping == "per_layer")
-        if self.noise == "distributed":
-            assert self.cohort_size is not None
-            std = distributed_noise_std(self.noise_multiplier, self.clip_norm, self.cohort_size)
-            update = {n: t + gaussian_like(t, std, ctx.generator) for n, t in update.items()}
+        if self.noise == "distributed":  # the declared share, from the client's stream
+            update = privacy_session(ctx, task).get(GaussianShare).add(update)
         return ClientResult(
             client_id=task.client_id,
             update=update,

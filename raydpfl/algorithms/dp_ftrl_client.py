@@ -20,8 +20,13 @@ cut into T = ⌊N/K⌋ rounds of K clients, so every client joins at most one ro
 
 One epoch is dp-accounting's ``SingleEpochTreeAggregationDpEvent(σ, T)`` (zero-out
 adjacency: one client's updates replaced by zeros; `raydpfl.privacy.client_level`),
-charged before the epoch's first round. Node noise is drawn from a stream derived from
-(run seed, epoch, node), so the same run gives the same bits on any backend; the nodes
+charged before the epoch's first round. Every round's release is the kernel mechanism
+`raydpfl.privacy.client_level_mechanisms.TreeAggregationRelease` (declared by
+`round_mechanisms`; the first round of a tree charges the tree's event, the later ones
+are covered by it): the server hands the aggregation the round's session and refuses a
+round that did not draw its one node through it. Node noise is drawn from a stream
+derived from (run seed, epoch, node), so the same run gives the same bits on any
+backend; the nodes
 still in use (at most one per tree level) are kept as server state and checkpointed, so
 a resumed run, or one in secure-noise mode (draws from os.urandom), reuses each node's
 noise rather than drawing it again. This module imports no Ray.
@@ -52,26 +57,22 @@ from raydpfl.algorithms.tensor_state import (
     pack_tensors,
     unpack_tensor_state,
 )
-from raydpfl.privacy import secure_noise
 from raydpfl.privacy.client_level import ClientLevelCost, tree_schedule
-from raydpfl.privacy.dpsgd import gaussian_like
+from raydpfl.privacy.client_level_mechanisms import (  # noqa: F401 (re-exported)
+    NODE_PURPOSE,
+    TreeAggregationRelease,
+    population_charge,
+    round_session,
+    tree_node_for,
+    tree_node_generator,
+)
+from raydpfl.privacy.kernel import MechanismUse, uses
 
-#: Purpose tags of the tree-node noise and of the epoch order streams.
-NODE_PURPOSE = "dp_ftrl_tree_node"
+#: Purpose tag of the epoch order streams (the node noise's: `NODE_PURPOSE`).
 ORDER_PURPOSE = "dp_ftrl_epoch_order"
 
 
 # ---- the tree, as small pure functions -------------------------------------------------------
-def tree_node_for(t: int) -> tuple[int, int]:
-    """(level, index) of the node that completes at round t (1-based within the tree):
-    level ℓ = the number of trailing zeros of t, covering rounds [t − 2^ℓ + 1, t], the
-    index-th node of its level (0-based). Kairouz et al. 2021, Alg. 1 (online tree)."""
-    if t < 1:
-        raise ValueError(f"t must be >= 1, got {t}")
-    level = (t & -t).bit_length() - 1
-    return level, (t >> level) - 1
-
-
 def prefix_nodes(t: int) -> list[tuple[int, int]]:
     """The dyadic nodes whose sum is the prefix [1, t]: one per set bit of t, highest
     level first (e.g. t = 6 → [1, 4] and [5, 6])."""
@@ -95,14 +96,9 @@ def epoch_order(seed: int, epoch: int, num_clients: int) -> np.ndarray:
 
 
 def node_generator(seed: int, epoch: int, node: tuple[int, int], secure: bool) -> Any:
-    """The stream of one tree node's noise: (seed, epoch, level, index), or os.urandom."""
-    if secure:
-        return secure_noise.SecureGenerator()
-    tag = zlib.crc32(NODE_PURPOSE.encode("utf-8"))
-    seq = np.random.SeedSequence([int(seed), int(epoch), node[0], node[1], tag])
-    gen = torch.Generator()
-    gen.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1)))
-    return gen
+    """The stream of one tree node's noise: (seed, epoch, level, index), or os.urandom
+    (the stream `TreeAggregationRelease` draws from: `tree_node_generator`)."""
+    return tree_node_generator(seed, epoch, node, secure)
 
 
 # ---- the algorithm ---------------------------------------------------------------------------
@@ -187,16 +183,29 @@ class DPFTRLClientLevel(Algorithm):
         return epoch, r + 1
 
     # ---- server half -----------------------------------------------------------------------
+    def round_mechanism(self, round_idx: int) -> TreeAggregationRelease:
+        """Round t of the epoch's tree (a shorter last tree has its own length)."""
+        epoch, t = self._position(round_idx)
+        rounds = self.schedule[epoch] if epoch < len(self.schedule) else self.tree_rounds
+        return TreeAggregationRelease(
+            self.noise_multiplier,
+            self.clip_norm,
+            self.num_clients,
+            self.cohort_size,
+            rounds,
+            epoch,
+            t,
+        )
+
+    def round_mechanisms(self, round_idx: int) -> tuple[MechanismUse, ...]:
+        """Every round draws one node of its epoch's tree."""
+        return (uses(self.round_mechanism(round_idx), 1),)
+
     def round_privacy_cost(self, round_idx: int) -> ClientLevelCost | None:
         """The whole epoch's tree, charged before its first round (a shorter last tree
-        is charged for its own rounds); nothing on the epoch's other rounds."""
-        epoch, t = self._position(round_idx)
-        if t != 1:
-            return None
-        rounds = self.schedule[epoch] if epoch < len(self.schedule) else self.tree_rounds
-        return ClientLevelCost(
-            self.noise_multiplier, "tree", self.num_clients, None, self.cohort_size, 1, rounds
-        )
+        is charged for its own rounds); nothing on the epoch's other rounds: the event of
+        the round's declared mechanism."""
+        return population_charge(self.round_mechanisms(round_idx))
 
     def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
         if num_clients != self.num_clients:
@@ -226,7 +235,7 @@ class DPFTRLClientLevel(Algorithm):
         self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
     ) -> Params:
         """θ_start + η_s (Σ_{i≤t} g_i + noise of the prefix's nodes) / K."""
-        epoch, t = self._position(self._round)
+        _, t = self._position(self._round)
         if t == 1 or self._start is None or self._clean is None:
             self._start = {n: p.detach().clone() for n, p in global_params.items()}
             self._clean = {n: torch.zeros_like(p) for n, p in global_params.items()}
@@ -234,17 +243,12 @@ class DPFTRLClientLevel(Algorithm):
         if total.total is not None:
             for n in self._clean:
                 self._clean[n].add_(total.total[n].to(self._clean[n].device))
-        level, index = tree_node_for(t)
+        # the round's mechanism, live: the server's session, or (direct calls) a fresh one
+        live = round_session(self, self._round, self.round_mechanisms, self.seed).get()
+        level, _ = live.node
         # the node completing now replaces the lower-level nodes it covers
         self._nodes = {lv: z for lv, z in self._nodes.items() if lv > level}
-        std = self.noise_multiplier * self.clip_norm
-        gen = node_generator(
-            self.seed, epoch, (level, index), bool(getattr(self, "secure_noise", False))
-        )
-        self._nodes[level] = {
-            n: (gaussian_like(p, std, gen) if std > 0 else torch.zeros_like(p))
-            for n, p in self._start.items()
-        }
+        self._nodes[level] = live.node_noise(self._start)
         scale = self.server_lr / self.cohort_size
         out = {}
         for n, start in self._start.items():

@@ -30,9 +30,12 @@ One round is therefore one subsampled Gaussian mechanism over the population:
 
 `ClientLevelLedger` is the one population-level ledger of a client-level run: its single
 privacy unit, `POPULATION`, is charged one `ClientLevelCost` per round before the round
-is dispatched, and the ε it holds is every client's ε. It reads and writes the same
-to_dict/charge-log formats as `raydpfl.privacy.ledger.PrivacyLedger`, so the server's
-charge log, checkpoints and resume treat it like a per-client ledger with one entry.
+is dispatched, and the ε it holds is every client's ε. The charge is the event of the
+round's declared mechanisms (`raydpfl.privacy.client_level_mechanisms`: each mechanism's
+`cost(n)` is a `ClientLevelCost`, and its live form draws the noise the charge assumes).
+It reads and writes the same to_dict/charge-log formats as
+`raydpfl.privacy.ledger.PrivacyLedger`, so the server's charge log, checkpoints and
+resume treat it like a per-client ledger with one entry.
 A client-level ledger refuses record-level charges: a run never mixes units.
 
 This module imports neither torch nor ray.

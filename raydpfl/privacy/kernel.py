@@ -1,8 +1,11 @@
 """The privacy kernel: mechanisms that own their noise and their charge, and receipts.
 
 Every randomised release about a client's records goes through a *mechanism* object of
-this module. A mechanism is a small frozen value (its σ, its bound, its sampling rate)
-with two faces that cannot drift apart, because both read the same fields:
+this module (record level, drawn on the workers) or of
+`raydpfl.privacy.client_level_mechanisms` (client level, drawn by the server half through
+the round's `PopulationSession`). A mechanism is a small frozen value (its σ, its bound,
+its sampling rate) with two faces that cannot drift apart, because both read the same
+fields:
 
 - `Mechanism.cost` — the ledger's event for ``n`` invocations (a `PrivacyCost`, the
   vocabulary of `raydpfl.privacy.ledger`, like dp-accounting's DpEvents);
@@ -110,6 +113,10 @@ class Mechanism:
     fields are all the parameters both the noise and the charge read."""
 
     kind: ClassVar[str] = "mechanism"
+    #: True for a client-level mechanism (`raydpfl.privacy.client_level_mechanisms`):
+    #: charged to the run's population ledger once per round, never to a client's ledger
+    #: (`costs_of` leaves it out of a task's charge).
+    population_level: ClassVar[bool] = False
 
     def cost(self, invocations: int) -> PrivacyCost:
         """The ledger event of `invocations` uses of this mechanism."""
@@ -293,8 +300,10 @@ def uses(mechanism: Mechanism, count: int = 1) -> MechanismUse:
 
 
 def costs_of(declared: Sequence[MechanismUse]) -> tuple[PrivacyCost, ...]:
-    """The ledger events of a declaration, in order."""
-    return tuple(u.cost for u in declared)
+    """The per-client ledger events of a declaration, in order. A population-level
+    mechanism (a client's share of a client-level sum) is charged with its round, to the
+    population ledger, so it is not among them."""
+    return tuple(u.cost for u in declared if not u.mechanism.population_level)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ One round (design.md §1):
   3. charge the ledger          (before dispatch; a task that would exceed the client's
                                  budget is refused and never sent)
   4. workers train              (backend; results in plan order)
-  5. aggregate                  (algorithm)
+  5. aggregate                  (algorithm; a client-level round draws its declared,
+                                 charged noise through the round's session, and its
+                                 receipt is checked)
   6. per-round optimisers       (algorithm.after_round)
   7. evaluate, record, report
 
@@ -16,11 +18,12 @@ The same class runs in-process and inside a Ray actor; it never imports Ray.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +32,13 @@ import torch
 
 from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
 from raydpfl.privacy.client_level import POPULATION, ClientLevelLedger
-from raydpfl.privacy.kernel import PrivacyContractError, Receipt, check_receipt
+from raydpfl.privacy.client_level_mechanisms import (
+    ROUND_SESSION_ATTR,
+    check_round_receipt,
+    open_round_session,
+    population_charge,
+)
+from raydpfl.privacy.kernel import MechanismUse, PrivacyContractError, Receipt, check_receipt
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
@@ -104,6 +113,9 @@ class Server:
         self._logged: dict[int, list[list[Any]]] = {}  # charges of rounds being replayed
         self._log_position = 0  # lines of ledger_log.jsonl the ledger holds
         self._backend: Backend | None = None
+        # Client-level runs: the population-level mechanisms the current round declared
+        # (charged before dispatch, drawn through the round's session at aggregation).
+        self._round_declared: tuple[MechanismUse, ...] | None = None
         # Every client's ε as one array, kept current from the charged clients only.
         self._eps_stats = EpsilonStats(ledger, self.num_clients) if ledger is not None else None
 
@@ -145,12 +157,14 @@ class Server:
             partials = backend.run_groups(self.params, groups) if groups else []
             total = WeightedUpdateSum.merged(partials)
             _check_receipts(dispatched, total.receipts)
-            self.params = self.algorithm.aggregate_sum(self.params, dispatched, total)
+            with self._round_session(round_idx):
+                self.params = self.algorithm.aggregate_sum(self.params, dispatched, total)
             trained, received, metrics = total.count, len(partials), total.metric_means()
         else:
             results = backend.run_tasks(self.params, dispatched) if dispatched else []
             _check_receipts(dispatched, [(r.client_id, r.receipt) for r in results])
-            self.params = self.algorithm.aggregate(self.params, dispatched, results)
+            with self._round_session(round_idx):
+                self.params = self.algorithm.aggregate(self.params, dispatched, results)
             trained, received = len(results), len(results)
             metrics = _mean_metrics([r.metrics for r in results])
             extra = self.algorithm.followup_tasks(round_idx, dispatched, results, self.params)
@@ -194,12 +208,17 @@ class Server:
         return dispatched, refused
 
     def _charge_round(self, round_idx: int) -> bool:
-        """Client-level runs: charges the round's population-level cost to the
-        `ClientLevelLedger` before anything of the round is drawn or dispatched, and logs
-        it like a task's charge. False (and the stop reason) when it would exceed the
-        client-level budget: the round is not run."""
-        cost = self.algorithm.round_privacy_cost(round_idx)
-        if cost is None:
+        """Client-level runs: charges the event of the round's declared population-level
+        mechanisms (`round_declaration`) to the `ClientLevelLedger` before anything of the
+        round is drawn or dispatched, and logs it like a task's charge. False (and the
+        stop reason) when it would exceed the client-level budget: the round is not run."""
+        self._round_declared = None
+        declared = self._round_declaration(round_idx)
+        if declared is None:
+            return True
+        self._round_declared = declared
+        cost = population_charge(declared)
+        if cost is None:  # e.g. a later round of a DP-FTRL tree, paid by its first
             return True
         if not isinstance(self.ledger, ClientLevelLedger):
             raise ValueError(
@@ -219,6 +238,57 @@ class Server:
             stats.update([POPULATION], 1)
         self._log_charges(round_idx, [(POPULATION, cost.to_dict())])
         return True
+
+    def _round_declaration(self, round_idx: int) -> tuple[MechanismUse, ...] | None:
+        """The round's population-level mechanisms (``algorithm.round_mechanisms``), or
+        None for an algorithm whose costs are its tasks'. A client-level private algorithm
+        must declare at least one release per round, and a `round_privacy_cost` it states
+        must be its mechanisms' event: σ or a cost cannot be stated on the side."""
+        algo = self.algorithm
+        declare = getattr(algo, "round_mechanisms", None)
+        client_level = algo.is_private and algo.privacy_unit == "client"
+        if declare is None:
+            if client_level or algo.round_privacy_cost(round_idx) is not None:
+                raise PrivacyContractError(
+                    f"round {round_idx + 1}: algorithm {algo.name!r} is client-level but "
+                    "declares no round mechanisms (round_mechanisms(round_idx), from "
+                    "raydpfl.privacy.client_level_mechanisms): its server-side noise would "
+                    "not be drawn through the kernel"
+                )
+            return None
+        declared = tuple(declare(round_idx))
+        if client_level and not any(u.count for u in declared):
+            raise PrivacyContractError(
+                f"round {round_idx + 1}: algorithm {algo.name!r} is client-level private but "
+                "its round declares no release (round_mechanisms); nothing would be noised"
+            )
+        charge = population_charge(declared)
+        stated = algo.round_privacy_cost(round_idx)
+        if stated != charge:
+            raise PrivacyContractError(
+                f"round {round_idx + 1}: algorithm {algo.name!r} states the round cost "
+                f"{stated!r} but its declared mechanisms cost {charge!r}; the charge is the "
+                "mechanisms' own event"
+            )
+        return declared
+
+    @contextlib.contextmanager
+    def _round_session(self, round_idx: int) -> Iterator[None]:
+        """Client-level rounds: the aggregation runs with the round's `PopulationSession`
+        set on the algorithm (``round_session``); afterwards its receipt must equal the
+        declared, charged releases (`check_round_receipt`: one line naming the round)."""
+        declared = self._round_declared
+        if declared is None:
+            yield
+            return
+        seed = getattr(self.algorithm, "seed", self.settings.run_seed)
+        session = open_round_session(self.algorithm, round_idx, declared, seed)
+        setattr(self.algorithm, ROUND_SESSION_ATTR, session)
+        try:
+            yield
+        finally:
+            setattr(self.algorithm, ROUND_SESSION_ATTR, None)
+        check_round_receipt(round_idx, declared, session.receipt())
 
     def _log_charges(self, round_idx: int, charges: list[tuple[int, dict[str, Any]]]) -> None:
         """Appends a batch of charges to the log (synced), or, in a replayed round, checks
