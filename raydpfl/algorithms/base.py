@@ -465,10 +465,20 @@ class Algorithm(abc.ABC):
                 f"tensor state entries {keys[:3]}{more}"
             )
 
+    def round_mechanisms(self, round_idx: int) -> tuple[MechanismUse, ...] | None:
+        """Client-level algorithms: the population-level mechanisms the server half invokes
+        in this round (`raydpfl.privacy.client_level_mechanisms`), how often each. The
+        server charges their event to the population ledger before the round is selected
+        and dispatched, sets the round's session on the algorithm (``round_session``) while
+        it aggregates, and checks its receipt. None (default): the round's costs are its
+        tasks'."""
+        return None
+
     def round_privacy_cost(self, round_idx: int) -> Any | None:
         """Client-level algorithms: the round's population-level charge (a
-        `raydpfl.privacy.client_level.ClientLevelCost`), charged by the server before the
-        round is selected and dispatched. None (default): the round's costs are its tasks'."""
+        `raydpfl.privacy.client_level.ClientLevelCost`): a read-only view of what
+        `round_mechanisms` costs (the server refuses one that differs). None (default):
+        the round's costs are its tasks'."""
         return None
 
     def stop_reason(self) -> str | None:

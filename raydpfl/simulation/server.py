@@ -245,9 +245,9 @@ class Server:
         must declare at least one release per round, and a `round_privacy_cost` it states
         must be its mechanisms' event: σ or a cost cannot be stated on the side."""
         algo = self.algorithm
-        declare = getattr(algo, "round_mechanisms", None)
+        declared_uses = algo.round_mechanisms(round_idx)
         client_level = algo.is_private and algo.privacy_unit == "client"
-        if declare is None:
+        if declared_uses is None:
             if client_level or algo.round_privacy_cost(round_idx) is not None:
                 raise PrivacyContractError(
                     f"round {round_idx + 1}: algorithm {algo.name!r} is client-level but "
@@ -256,7 +256,7 @@ class Server:
                     "not be drawn through the kernel"
                 )
             return None
-        declared = tuple(declare(round_idx))
+        declared = tuple(declared_uses)
         if client_level and not any(u.count for u in declared):
             raise PrivacyContractError(
                 f"round {round_idx + 1}: algorithm {algo.name!r} is client-level private but "

@@ -31,6 +31,7 @@ from raydpfl.algorithms.fedavg import FedAvg
 from raydpfl.config.load import dump_config
 from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.privacy.client_level import ClientLevelCost
+from raydpfl.privacy.client_level_mechanisms import population_charge
 from raydpfl.privacy.dpsgd import gaussian_like
 from raydpfl.privacy.kernel import PrivacyContractError
 from tests.conftest import small_config
@@ -133,7 +134,11 @@ class CheaperCost(DPFedAvgClientLevel):
 class Undeclared(DPFedAvgClientLevel):
     """A client-level algorithm that states its cost but declares no round mechanism."""
 
-    round_mechanisms = None
+    def round_mechanisms(self, round_idx):
+        return None
+
+    def round_privacy_cost(self, round_idx):
+        return population_charge(DPFedAvgClientLevel.round_mechanisms(self, round_idx))
 
     def aggregate_sum(self, global_params, tasks, total):
         return OwnNoise.aggregate_sum(self, global_params, tasks, total)
