@@ -14,6 +14,7 @@ import pytest
 
 import raydpfl
 import raydpfl.algorithms.dp_fedavg_client as client_level
+import raydpfl.privacy.client_level_mechanisms as client_level_mechanisms
 import raydpfl.privacy.dpsgd as dpsgd
 from raydpfl.audit import audit
 
@@ -82,7 +83,8 @@ def _weak_noise(monkeypatch):
         return real(t, 0.1 * std, generator)
 
     monkeypatch.setattr(dpsgd, "gaussian_like", tenth)  # DP-SGD steps
-    monkeypatch.setattr(client_level, "gaussian_like", tenth)  # the server's aggregate noise
+    # the server's aggregate noise, drawn by the client-level mechanisms of the kernel
+    monkeypatch.setattr(client_level_mechanisms, "gaussian_like", tenth)
 
 
 def _no_clipping(monkeypatch):
