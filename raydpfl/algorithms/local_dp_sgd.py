@@ -165,6 +165,7 @@ def dp_sgd_local_loop(
         extra = correction(params, start, payload) if correction is not None else None
         positions = dp_sgd.sample(n)
         if normalizer == "actual" and positions.numel() == 0:
+            dp_sgd.skip_empty()  # charged all the same
             batch_sizes.append(0)
             continue
         x, y = data.batch(positions)

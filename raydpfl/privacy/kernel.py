@@ -359,16 +359,19 @@ class LiveMechanism:
 
 class LiveSubsampledGaussian(LiveMechanism):
     """A task's `SubsampledGaussian`: `sample` opens one invocation (a Poisson draw of
-    the client's records); the noisy release that follows it (`step_`, `gradient`,
-    `mean_loss`) closes it. An invocation whose batch is empty may go unreleased (it is
-    still counted and charged: ALI-DPFL's skipped step); a release without its own
-    sample is refused."""
+    the client's records); the one noisy release that follows it (`step_`, `gradient`,
+    `noisy_sum`, `mean_loss`) completes it, and only completed invocations count in the
+    receipt. An invocation whose batch is empty may be completed unreleased by
+    `skip_empty` (it is still charged: ALI-DPFL's skipped step); a non-empty batch cannot
+    be skipped, so a client half that samples through the mechanism and noises elsewhere
+    comes back one invocation short. A release without its own sample is refused."""
 
     mechanism: SubsampledGaussian
 
     def __init__(self, mechanism: SubsampledGaussian, generator: torch.Generator, device):
         super().__init__(mechanism, generator, device)
         self._open = False
+        self._open_size = 0
 
     @property
     def noise_multiplier(self) -> float:
@@ -383,10 +386,27 @@ class LiveSubsampledGaussian(LiveMechanism):
         return self.mechanism.sampling_rate
 
     def sample(self, num_examples: int) -> torch.Tensor:
-        """One invocation's Poisson(q) batch: positions within the client's records."""
+        """One invocation's Poisson(q) batch: positions within the client's records. The
+        previous invocation must be complete (released, or skipped when empty)."""
+        if self._open:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: a new Poisson sample before the previous "
+                "one was released through the mechanism (or skipped, if it was empty)"
+            )
+        positions = poisson_sample(num_examples, self.mechanism.sampling_rate, self.generator)
+        self._open, self._open_size = True, int(positions.numel())
+        return positions
+
+    def skip_empty(self) -> None:
+        """Completes an invocation whose Poisson batch was empty without a release
+        (``normalizer="actual"`` skips such a step; it is charged all the same)."""
+        if not self._open or self._open_size != 0:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: only an open invocation with an empty batch "
+                "may be skipped; a non-empty batch must be released through the mechanism"
+            )
+        self._open = False
         self.count += 1
-        self._open = True
-        return poisson_sample(num_examples, self.mechanism.sampling_rate, self.generator)
 
     def count_vectorised_steps(self, steps: int) -> None:
         """For the client-vectorised DP-SGD engine (`raydpfl.privacy.multi_client`), which
@@ -401,6 +421,7 @@ class LiveSubsampledGaussian(LiveMechanism):
                 "(call sample() once per invocation)"
             )
         self._open = False
+        self.count += 1
 
     def step_(
         self,

@@ -209,13 +209,15 @@ class ClientWorker:
             )
         data = ClientData(task.client_id, self.x, self.y, self.client_train[task.client_id])
         generator = self._stream(task)
+        # The task's declared mechanisms, the only noise the client half can draw. The
+        # receipt is read from this object, not from the context the client half may alter.
+        session = PrivacySession(task.mechanisms, generator, self.device)
         ctx = ClientContext(
             model=self.model,
             clipping=self.clipping,
             generator=generator,
             device=self.device,
-            # The task's declared mechanisms, the only noise the client half can draw.
-            privacy=PrivacySession(task.mechanisms, generator, self.device),
+            privacy=session,
         )
         try:
             result = self.algorithm.local_update(ctx, start, data, task)
@@ -228,8 +230,7 @@ class ClientWorker:
             raise RuntimeError(
                 f"client {task.client_id} failed in round {task.round_idx + 1}: {e}"
             ) from e
-        assert ctx.privacy is not None
-        result.receipt = ctx.privacy.receipt()  # what was invoked, checked by the server
+        result.receipt = session.receipt()  # what was invoked, checked by the server
         return result
 
     def run_tasks(
@@ -283,16 +284,17 @@ class ClientWorker:
         """All of a group's clients at once: the same per-client RNG streams and draws as
         `run_task` one at a time, so the same results up to float rounding."""
         self.load_params(broadcast, group[0].model_key)
-        ctxs = []
+        ctxs, sessions = [], []
         for t in group:
             generator = self._stream(t)
+            sessions.append(PrivacySession(t.mechanisms, generator, self.device))
             ctxs.append(
                 ClientContext(
                     model=self.model,
                     clipping=self.clipping,
                     generator=generator,
                     device=self.device,
-                    privacy=PrivacySession(t.mechanisms, generator, self.device),
+                    privacy=sessions[-1],
                 )
             )
         datas = [
@@ -312,9 +314,7 @@ class ClientWorker:
             ) from e
         # The receipts are the sessions' own counts, whatever the group function recorded.
         acc.receipts = [
-            (t.client_id, ctx.privacy.receipt())
-            for t, ctx in zip(group, ctxs, strict=True)
-            if ctx.privacy is not None
+            (t.client_id, session.receipt()) for t, session in zip(group, sessions, strict=True)
         ]
         return acc
 

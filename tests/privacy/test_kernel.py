@@ -104,8 +104,27 @@ def test_the_session_counts_invocations_into_the_receipt():
     dp = session.get(a)
     for _ in range(2):
         dp.sample(10)
+        dp.noisy_sum({"w": torch.zeros(2)})
     session.get(GaussianRelease).open()
     assert session.receipt() == Receipt((MechanismUse(a, 2), MechanismUse(b, 1)))
+
+
+def test_only_completed_invocations_count():
+    """A sample released elsewhere (noise drawn outside the mechanism) never completes:
+    the receipt comes back one short, and a second sample is refused; only an empty batch
+    may be skipped."""
+    mech = SubsampledGaussian(1.0, 1.0, 0.5)
+    dp = PrivacySession([uses(mech, 1)], _gen()).dp_sgd()
+    assert dp.sample(100).numel() > 0
+    assert dp.count == 0
+    with pytest.raises(PrivacyContractError, match="only an open invocation with an empty"):
+        dp.skip_empty()
+    with pytest.raises(PrivacyContractError, match="before the previous one was released"):
+        dp.sample(100)
+    empty = PrivacySession([uses(SubsampledGaussian(1.0, 1.0, 0.0), 1)], _gen()).dp_sgd()
+    assert empty.sample(100).numel() == 0  # q = 0: always empty
+    empty.skip_empty()
+    assert empty.count == 1
 
 
 def test_an_undeclared_mechanism_is_refused():

@@ -94,6 +94,52 @@ class SwappedTask(DPFedAvg):
         return dp_sgd_local_update(ctx, params, data, forged)
 
 
+class OwnSession(DPFedAvg):
+    """Replaces the worker's session on its context with one of its own, declaring σ = 0.01."""
+
+    name = "own_session"
+
+    def local_update(self, ctx, params, data, task):
+        from raydpfl.privacy.kernel import PrivacySession
+
+        weak = SubsampledGaussian(0.01, self.clip_norm, self.sampling_rate)
+        ctx.privacy = PrivacySession((uses(weak, task.local_steps),), ctx.generator, ctx.device)
+        return dp_sgd_local_update(ctx, params, data, task)
+
+
+class NoisesElsewhere(DPFedAvg):
+    """Samples through the declared mechanism but adds (weaker) noise by itself."""
+
+    name = "noises_elsewhere"
+
+    def local_update(self, ctx, params, data, task):
+        dp = privacy_session(ctx, task).dp_sgd()
+        for _ in range(task.local_steps):
+            x, y = data.batch(dp.sample(data.num_examples))
+            dp_sgd_step_(
+                ctx.clipping,
+                params,
+                x,
+                y,
+                lr=task.lr,
+                clip_norm=dp.clip_norm,
+                noise_multiplier=0.01,
+                expected_batch_size=dp.sampling_rate * data.num_examples,
+                generator=ctx.generator,
+            )
+        raise AssertionError("unreachable: the second sample is refused")
+
+
+def test_a_session_of_its_own_is_refused():
+    with pytest.raises(PrivacyContractError, match="used no mechanism"):
+        _run(_dp_fedavg(OwnSession, sigma=10.0))
+
+
+def test_sampling_through_the_mechanism_and_noising_elsewhere_is_refused():
+    with pytest.raises(PrivacyContractError, match="before the previous one was released"):
+        _run(_dp_fedavg(NoisesElsewhere, sigma=10.0))
+
+
 def test_the_task_contract_has_no_free_noise_or_cost_field():
     for field in ("noise_multiplier", "privacy_cost", "clip_norm", "sampling_rate"):
         with pytest.raises(TypeError, match=field):
