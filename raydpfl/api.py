@@ -40,6 +40,7 @@ from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.privacy.client_level import ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
+from raydpfl.simulation.run_lock import run_dir_lock
 
 __all__ = ["SimulationResult", "run_simulation", "to_config"]
 
@@ -134,16 +135,18 @@ def run_simulation(
     Raises:
         ConfigError: A bad config value or argument (named), before any work starts.
         FileExistsError: `run_dir` exists and is not empty.
+        RunDirBusyError: Another process is running in `run_dir` (its pid is named).
     """
     cfg = to_config(config, overrides)
     if run_dir is not None:
         check_run_dir_free(run_dir)
     exp = build_experiment(cfg, dataset=dataset, model=model, algorithm=algorithm)
     if run_dir is not None:
-        out = prepare_run_dir(run_dir)
-        return _result(
-            run_experiment(exp, out, on_round=on_round, callbacks=callbacks), out, keep=True
-        )
+        with run_dir_lock(run_dir):  # one process per run directory, for the run's life
+            out = prepare_run_dir(run_dir)
+            return _result(
+                run_experiment(exp, out, on_round=on_round, callbacks=callbacks), out, keep=True
+            )
     with tempfile.TemporaryDirectory(prefix="raydpfl-") as tmp:
         summary = run_experiment(exp, Path(tmp), on_round=on_round, callbacks=callbacks)
         return _result(summary, Path(tmp), keep=False)

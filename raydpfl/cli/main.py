@@ -34,8 +34,16 @@ class _Parser(argparse.ArgumentParser):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from raydpfl.data.datasets import DatasetNotFoundError, DownloadError
     from raydpfl.simulation.integrity import ResumeError
+    from raydpfl.simulation.run_lock import RunDirBusyError
 
-    return (ConfigError, DatasetNotFoundError, DownloadError, FileExistsError, ResumeError)
+    return (
+        ConfigError,
+        DatasetNotFoundError,
+        DownloadError,
+        FileExistsError,
+        ResumeError,
+        RunDirBusyError,
+    )
 
 
 class _Terminated(KeyboardInterrupt):
@@ -491,6 +499,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from raydpfl.experiment.build import build_experiment, run_experiment
     from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
+    from raydpfl.simulation.run_lock import run_dir_lock
 
     if args.resume:
         return _resume(args)
@@ -504,16 +513,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     check_run_dir_free(run_dir)  # before loading any data; checked again on creation
     exp = build_experiment(config)
-    prepare_run_dir(run_dir)
-    args.run_dir = run_dir
-    progress = Progress(
-        config.experiment.algorithm.rounds,
-        enabled=config.runtime.progress and not args.no_progress,
-    )
-    try:
-        summary = run_experiment(exp, run_dir, on_round=progress.update)
-    finally:
-        progress.close()
+    with run_dir_lock(run_dir):  # one process per run directory, for the run's life
+        prepare_run_dir(run_dir)
+        args.run_dir = run_dir
+        progress = Progress(
+            config.experiment.algorithm.rounds,
+            enabled=config.runtime.progress and not args.no_progress,
+        )
+        try:
+            summary = run_experiment(exp, run_dir, on_round=progress.update)
+        finally:
+            progress.close()
     _print_summary(summary)
     return 0
 
@@ -521,6 +531,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from raydpfl.config.load import load_config
     from raydpfl.experiment.build import build_experiment, check_resume, run_experiment
+    from raydpfl.simulation.run_lock import run_dir_lock
 
     run_dir = Path(args.resume)
     if args.out:
@@ -530,18 +541,20 @@ def _resume(args: argparse.Namespace) -> int:
     source = args.config if args.config is not None else run_dir / "config.yaml"
     _import_plugins(args.plugins)
     config = load_config(source, args.overrides)
-    check_resume(run_dir, config)  # before any data is loaded or Ray started
-    args.run_dir = run_dir
-    exp = build_experiment(config)
-    progress = Progress(
-        config.experiment.algorithm.rounds,
-        enabled=config.runtime.progress and not args.no_progress,
-        start=_checkpoint_round(run_dir),
-    )
-    try:
-        summary = run_experiment(exp, run_dir, on_round=progress.update, resume=True)
-    finally:
-        progress.close()
+    # One process per run directory, for the run's life; before any data or Ray.
+    with run_dir_lock(run_dir, create=False):
+        check_resume(run_dir, config)  # before any data is loaded or Ray started
+        args.run_dir = run_dir
+        exp = build_experiment(config)
+        progress = Progress(
+            config.experiment.algorithm.rounds,
+            enabled=config.runtime.progress and not args.no_progress,
+            start=_checkpoint_round(run_dir),
+        )
+        try:
+            summary = run_experiment(exp, run_dir, on_round=progress.update, resume=True)
+        finally:
+            progress.close()
     _print_summary(summary)
     return 0
 

@@ -40,6 +40,7 @@ from raydpfl.simulation.backend import Backend, worker_threads
 from raydpfl.simulation.experiment import Experiment, make_server
 from raydpfl.simulation.integrity import ResumeError, read_manifest
 from raydpfl.simulation.outputs import RunWriter
+from raydpfl.simulation.run_lock import run_dir_lock
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
 from raydpfl.simulation.worker import ClientWorker, ModelSpec, resolve_device
 
@@ -302,10 +303,31 @@ def run_experiment(
     `server_in_process` (Ray only; Tune trials), the server runs in this process.
     `callbacks` (and those named in ``runtime.callbacks``) are told the run's start,
     each round's row after `on_round`, and the summary; they are closed in any case.
+
+    Raises:
+        RunDirBusyError: Another process is running in `run_dir` (its lock is held for
+            the run's life; see `raydpfl.simulation.run_lock`).
     """
     if resume and run_dir is None:
         raise ValueError("resume needs the run directory")
+    if run_dir is None:
+        return _run_experiment(exp, None, on_round, resume, server_in_process, callbacks)
+    # One process per run directory, for the run's life (re-entrant: the CLI holds it
+    # already); a second one is refused before Ray starts.
+    with run_dir_lock(run_dir):
+        return _run_experiment(exp, run_dir, on_round, resume, server_in_process, callbacks)
+
+
+def _run_experiment(
+    exp: Experiment,
+    run_dir: Path | None,
+    on_round: Callable[[Mapping[str, Any]], None] | None,
+    resume: bool,
+    server_in_process: bool,
+    callbacks: Sequence[Callback],
+) -> dict[str, Any]:
     if resume:
+        assert run_dir is not None
         check_resume(run_dir, exp.config)
     if run_dir is not None and not resume:
         RunWriter(run_dir).write_config(dump_config(exp.config))
