@@ -524,8 +524,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             summary = run_experiment(exp, run_dir, on_round=progress.update)
         finally:
             progress.close()
-    _print_summary(summary)
-    return 0
+    return _report_run(summary)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -555,8 +554,7 @@ def _resume(args: argparse.Namespace) -> int:
             summary = run_experiment(exp, run_dir, on_round=progress.update, resume=True)
         finally:
             progress.close()
-    _print_summary(summary)
-    return 0
+    return _report_run(summary)
 
 
 def _checkpoint_round(run_dir: Path) -> int:
@@ -800,6 +798,21 @@ def _default_run_dir(output: str, name: str) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
+
+
+def _report_run(summary: Mapping[str, Any]) -> int:
+    """Prints the summary (exit 0), or, for a run that ended without training a single
+    round (every client's budget spent before its first task, an algorithm that stopped
+    at once), one line on stderr and exit 2: such a run is not a result."""
+    if summary.get("rounds_completed") == 0 and summary.get("rounds_planned"):
+        where = f"; its outputs are in {summary['run_dir']}" if "run_dir" in summary else ""
+        print(
+            f"raydpfl: error: no round was trained ({summary.get('stop_reason')}){where}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    _print_summary(summary)
+    return 0
 
 
 def _print_summary(summary: Mapping[str, Any]) -> None:

@@ -72,7 +72,7 @@ def build_experiment(
     """
     exp, rt = config.experiment, config.runtime
     _check_user_objects(dataset, model, algorithm)
-    preflight(config, dataset_given=dataset is not None)
+    preflight(config, dataset_given=dataset is not None, algorithm_given=algorithm is not None)
     if rt.threads is not None:
         torch.set_num_threads(rt.threads)
     # The server evaluates on this process's device; Ray workers resolve their own.
@@ -168,17 +168,31 @@ NOT_CHECKED_BEFORE_LOADING = (
 )
 
 
-def preflight(config: Config, dataset_given: bool = False) -> None:
+#: Record-level presets whose every task is charged `PrivacyCost(σ, q, local_steps)` with
+#: σ, q from ``experiment.privacy`` as they are (when σ is not null): their first round's
+#: charge is known from the config alone. Algorithms that set σ or the step count
+#: themselves (ALI-DPFL's R_c, PE-DPFL, Adap DP-FL, the papers' presets) check their own.
+FIXED_SIGMA_PRESETS = ("dp_fedavg",)
+
+
+def preflight(
+    config: Config, dataset_given: bool = False, algorithm_given: bool = False
+) -> None:
     """What can be checked before any data is loaded, shared by `raydpfl validate`,
-    `raydpfl run` and `run_simulation`: the dataset's files are on disk (built-ins) and a
-    registered algorithm's, model's or dataset's options parse.
+    `raydpfl run` and `run_simulation`: the dataset's files are on disk (built-ins), a
+    registered algorithm's, model's or dataset's options parse, and a fixed-σ preset
+    (`FIXED_SIGMA_PRESETS`) can pay for its first round within ``privacy.epsilon``.
 
     Raises:
         DatasetNotFoundError: The dataset's files are missing (the message says how to
             get them).
-        ConfigError: A registered entry's options are invalid (the key is named), or
-            ``runtime.callbacks`` names an unknown tracker or one that is not installed.
+        ConfigError: A registered entry's options are invalid (the key is named),
+            ``runtime.callbacks`` names an unknown tracker or one that is not installed,
+            or one round of the configured DP-SGD already costs more than
+            ``privacy.epsilon`` (no round could ever run).
     """
+    if not algorithm_given:
+        check_first_round_affordable(config)
     try:
         check_callback_names(parse_callback_names(config.runtime.callbacks))
     except ValueError as e:
@@ -195,6 +209,50 @@ def preflight(config: Config, dataset_given: bool = False) -> None:
     for kind, name, options, field_name in checks:
         if registry.is_registered(kind, name) and not registry.get(kind, name).builtin:
             parse_options(registry.get(kind, name), options, field_name)
+
+
+def first_round_epsilon(config: Config) -> float | None:
+    """ε one client spends in one round of a `FIXED_SIGMA_PRESETS` algorithm (its one
+    task: ``local_steps`` steps of σ = ``privacy.noise_multiplier`` at q =
+    ``privacy.sampling_rate``) under the configured accountant and δ, as the ledger
+    computes it; None when the config does not fix it (another algorithm, σ null)."""
+    exp = config.experiment
+    privacy = exp.privacy
+    if exp.algorithm.name not in FIXED_SIGMA_PRESETS or privacy.noise_multiplier is None:
+        return None
+    from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
+
+    cost = PrivacyCost(
+        noise_multiplier=privacy.noise_multiplier,
+        sampling_rate=privacy.sampling_rate,
+        steps=exp.algorithm.local_steps,
+    )
+    ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
+    try:
+        return ledger.epsilon_after(0, cost)
+    except (ValueError, ArithmeticError) as e:
+        raise ConfigError("experiment.privacy", f"cannot account one round: {e}") from None
+
+
+def check_first_round_affordable(config: Config) -> None:
+    """Refuses a fixed-σ preset whose one round already costs more than
+    ``privacy.epsilon``: the ledger would refuse every task and train nothing.
+
+    Raises:
+        ConfigError: Naming ``experiment.privacy.epsilon`` and the ε one round costs.
+    """
+    eps = first_round_epsilon(config)
+    privacy = config.experiment.privacy
+    if eps is None or eps <= privacy.epsilon:
+        return
+    raise ConfigError(
+        "experiment.privacy.epsilon",
+        f"{privacy.epsilon:g} cannot pay for one round: one round of DP-SGD "
+        f"(sigma={privacy.noise_multiplier:g}, q={privacy.sampling_rate:g}, "
+        f"{config.experiment.algorithm.local_steps} local steps) costs epsilon={eps:.4g} at "
+        f"delta={privacy.delta:g} ({privacy.accountant}), so no client could ever train; "
+        "raise epsilon or sigma, or lower sampling_rate or local_steps",
+    )
 
 
 def _check_user_objects(dataset: Any, model: Any, algorithm: Any) -> None:

@@ -43,6 +43,11 @@ BAD: dict[str, tuple[bytes, str]] = {
     ),
     "empty file": (b"", "is empty: expected a mapping with keys experiment, runtime"),
     "only comments": (b"# nothing\n", "is empty: expected a mapping"),
+    "unaffordable budget": (
+        b"experiment:\n  privacy: {epsilon: 0.001}\n" + LOCAL.encode(),
+        "experiment.privacy.epsilon: 0.001 cannot pay for one round: one round of DP-SGD "
+        "(sigma=1, q=0.05, 5 local steps) costs epsilon=1.932 at delta=1e-05 (rdp)",
+    ),
     "missing dataset files": (
         b"experiment:\n  data: {dataset: mnist, root: /nonexistent-raydpfl}\n" + LOCAL.encode(),
         "mnist: files not found under /nonexistent-raydpfl",
