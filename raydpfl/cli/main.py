@@ -33,6 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from raydpfl.data.datasets import DatasetNotFoundError, DownloadError
+    from raydpfl.simulation.finite import NonFiniteModelError
     from raydpfl.simulation.integrity import ResumeError
     from raydpfl.simulation.run_lock import RunDirBusyError
 
@@ -41,6 +42,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         DatasetNotFoundError,
         DownloadError,
         FileExistsError,
+        NonFiniteModelError,
         ResumeError,
         RunDirBusyError,
     )
@@ -116,8 +118,18 @@ def _how_to_resume(args: argparse.Namespace) -> str:
 
 
 def _one_line(e: BaseException) -> str:
+    # An error raised inside a Ray actor arrives as RayTaskError's copy of it, whose text
+    # is the whole remote traceback: the message is the original exception's.
+    while _ray_wrapped(e):
+        e = e.cause  # type: ignore[attr-defined]
     text = str(e).strip() or type(e).__name__
     return " ".join(text.split())
+
+
+def _ray_wrapped(e: BaseException) -> bool:
+    cause = getattr(e, "cause", None)
+    names = {c.__name__ for c in type(e).__mro__}
+    return isinstance(cause, BaseException) and cause is not e and "RayTaskError" in names
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -331,6 +343,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _sigma(text: str) -> float:
+    from raydpfl.config.schema import MIN_NOISE_MULTIPLIER
+
+    value = _positive_float(text)
+    if value < MIN_NOISE_MULTIPLIER:
+        raise argparse.ArgumentTypeError(
+            f"must be >= {MIN_NOISE_MULTIPLIER:g} (as privacy.noise_multiplier), got {text}"
+        )
+    return value
+
+
 def _rate(text: str) -> float:
     value = _positive_float(text)
     if value > 1:
@@ -367,7 +390,7 @@ def _add_privacy_args(
             "--sigma",
             "--noise-multiplier",
             dest="sigma",
-            type=_positive_float,
+            type=_sigma,
             required=True,
             help="noise multiplier (noise std / clip norm)",
         )
@@ -401,7 +424,7 @@ def _add_client_level_args(
             "--sigma",
             "--noise-multiplier",
             dest="sigma",
-            type=_positive_float,
+            type=_sigma,
             required=True,
             help="noise multiplier: the aggregate's noise std over the update clip norm S",
         )
@@ -433,6 +456,12 @@ def _client_round(args: argparse.Namespace, sigma: float = 0.0):
     """One round's `ClientLevelCost` from the flags (a bad combination: one line)."""
     from raydpfl.privacy.client_level import ClientLevelCost, check_client_level_accountant
 
+    if args.delta >= 1.0 / args.population:  # as a client-level run refuses it
+        raise ConfigError(
+            "--delta",
+            f"must be < 1/N = {1.0 / args.population:.3g} at the client level "
+            f"({args.population} clients); got {args.delta:g}",
+        )
     if args.sampling == "poisson":
         if args.q is None or args.cohort is not None:
             raise ConfigError("--q", "poisson sampling needs --q (and no --cohort)")

@@ -175,9 +175,7 @@ NOT_CHECKED_BEFORE_LOADING = (
 FIXED_SIGMA_PRESETS = ("dp_fedavg",)
 
 
-def preflight(
-    config: Config, dataset_given: bool = False, algorithm_given: bool = False
-) -> None:
+def preflight(config: Config, dataset_given: bool = False, algorithm_given: bool = False) -> None:
     """What can be checked before any data is loaded, shared by `raydpfl validate`,
     `raydpfl run` and `run_simulation`: the dataset's files are on disk (built-ins), a
     registered algorithm's, model's or dataset's options parse, and a fixed-σ preset

@@ -33,6 +33,7 @@ from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
 from raydpfl.simulation.evaluation import CentralTestSet, EvalResult
 from raydpfl.simulation.fairness import fairness_metrics
+from raydpfl.simulation.finite import check_finite_model
 from raydpfl.simulation.integrity import ResumeError, first_ledger_difference, rebuild_ledger
 from raydpfl.simulation.outputs import RunWriter, model_sha256
 from raydpfl.simulation.reduction import group_tasks
@@ -142,10 +143,12 @@ class Server:
             partials = backend.run_groups(self.params, groups) if groups else []
             total = WeightedUpdateSum.merged(partials)
             self.params = self.algorithm.aggregate_sum(self.params, dispatched, total)
+            check_finite_model(self.params, round_idx, [t.client_id for t in dispatched])
             trained, received, metrics = total.count, len(partials), total.metric_means()
         else:
             results = backend.run_tasks(self.params, dispatched) if dispatched else []
             self.params = self.algorithm.aggregate(self.params, dispatched, results)
+            check_finite_model(self.params, round_idx, [t.client_id for t in dispatched])
             trained, received = len(results), len(results)
             metrics = _mean_metrics([r.metrics for r in results])
             extra = self.algorithm.followup_tasks(round_idx, dispatched, results, self.params)

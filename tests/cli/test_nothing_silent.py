@@ -65,7 +65,11 @@ def test_the_first_round_check_leaves_calibrated_sigma_and_own_algorithms_alone(
     from raydpfl.algorithms import DPFedAvg
 
     mine = DPFedAvg(
-        clients_per_round=2, local_steps=1, lr=0.1, clip_norm=1.0, noise_multiplier=50.0,
+        clients_per_round=2,
+        local_steps=1,
+        lr=0.1,
+        clip_norm=1.0,
+        noise_multiplier=50.0,
         sampling_rate=0.01,
     )
     cfg = small_config(experiment__privacy={"epsilon": 0.5}, experiment__algorithm=one_round)
@@ -107,3 +111,70 @@ def test_every_clients_budget_spent_before_round_one_exits_2(tmp_path, capsys, m
 
     assert code == 2
     assert "no round was trained (privacy budget exhausted for every client)" in _one_line(capsys)
+
+
+# ---- 5. a non-finite model; inputs the arithmetic cannot take ----------------------------
+def test_a_model_that_turns_non_finite_stops_the_run_with_one_line(tmp_path, capsys):
+    raw = yaml.safe_load(yaml.safe_dump(SMALL))
+    raw["experiment"]["privacy"] = {"clip_norm": 1e308}  # the noise std overflows
+    out = tmp_path / "run"
+
+    code = main(["run", str(_write(tmp_path, raw)), "--out", str(out), "--no-progress"])
+
+    assert code == 2
+    line = _one_line(capsys)
+    assert "round 1: the global model holds NaN or inf" in line and "client(s) " in line
+    assert not (out / "model.pt").exists() and not (out / "summary.json").exists()
+
+
+def test_the_api_raises_on_a_non_finite_model_and_names_the_round_and_clients():
+    from raydpfl.simulation.finite import NonFiniteModelError
+
+    cfg = small_config(experiment__algorithm={"lr": 1e38, "rounds": 3})  # no DP overflow
+    with pytest.raises(NonFiniteModelError, match=r"^round \d+: .* client\(s\) \d"):
+        raydpfl.run_simulation(cfg, overrides=["experiment.algorithm.name=fedavg"])
+
+
+def test_check_finite_model_names_the_tensor_and_lists_few_clients():
+    import torch
+
+    from raydpfl.simulation.finite import NonFiniteModelError, check_finite_model
+
+    good = {"w": torch.ones(3), "steps": torch.tensor([2**62])}  # integers are not checked
+    check_finite_model(good, 0, [1, 2])
+    bad = {"a": torch.ones(2), "b": torch.tensor([1.0, float("nan")])}
+    with pytest.raises(NonFiniteModelError, match=r"^round 4: .*\(b\) .* 0, 1, .*, 9, \.\.\. "):
+        check_finite_model(bad, 3, range(30))
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv", "dp_rdp", "pld"])
+def test_the_calculator_refuses_a_vanishing_sigma_in_one_line(accountant, capsys):
+    for question in (["epsilon", "--steps", "3"], ["steps", "--epsilon", "1"]):
+        argv = ["privacy", *question, "--sigma", "1e-300", "--q", "0.1"]
+        with pytest.raises(SystemExit) as info:
+            main([*argv, "--accountant", accountant])
+        assert info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--sigma/--noise-multiplier: must be >= 0.01" in err[0]
+
+
+def test_the_client_level_calculator_refuses_a_delta_runs_refuse(capsys):
+    common = ["--population", "100", "--q", "0.1"]
+    for question in (
+        ["client-epsilon", "--sigma", "1", "--rounds", "3"],
+        ["client-noise", "--epsilon", "2", "--rounds", "3"],
+        ["client-rounds", "--epsilon", "2", "--sigma", "1"],
+    ):
+        assert main(["privacy", *question, *common, "--delta", "0.01"]) == 2
+        assert "--delta: must be < 1/N = 0.01 at the client level" in _one_line(capsys)
+    assert main(["privacy", "client-epsilon", "--sigma", "1", "--rounds", "3", *common]) == 0
+
+
+def test_the_bounds_in_the_messages_are_the_constants():
+    from raydpfl.config.schema import MIN_NOISE_MULTIPLIER, MIN_SAMPLING_RATE, PrivacyConfig
+
+    PrivacyConfig(noise_multiplier=MIN_NOISE_MULTIPLIER, sampling_rate=MIN_SAMPLING_RATE)
+    with pytest.raises(ConfigError, match=rf">= {MIN_NOISE_MULTIPLIER:g} or null"):
+        PrivacyConfig(noise_multiplier=MIN_NOISE_MULTIPLIER * 0.99)
+    with pytest.raises(ConfigError, match=rf"in \[{MIN_SAMPLING_RATE:g}, 1\]"):
+        PrivacyConfig(sampling_rate=MIN_SAMPLING_RATE * 0.99)

@@ -48,6 +48,14 @@ BAD: dict[str, tuple[bytes, str]] = {
         "experiment.privacy.epsilon: 0.001 cannot pay for one round: one round of DP-SGD "
         "(sigma=1, q=0.05, 5 local steps) costs epsilon=1.932 at delta=1e-05 (rdp)",
     ),
+    "vanishing noise multiplier": (
+        b"experiment:\n  privacy: {noise_multiplier: 1.0e-300}\n" + LOCAL.encode(),
+        "experiment.privacy.noise_multiplier: must be >= 0.01 or null (calibrate), got 1e-300",
+    ),
+    "vanishing sampling rate": (
+        b"experiment:\n  privacy: {sampling_rate: 1.0e-300}\n" + LOCAL.encode(),
+        "experiment.privacy.sampling_rate: must be in [1e-06, 1], got 1e-300",
+    ),
     "missing dataset files": (
         b"experiment:\n  data: {dataset: mnist, root: /nonexistent-raydpfl}\n" + LOCAL.encode(),
         "mnist: files not found under /nonexistent-raydpfl",

@@ -119,9 +119,7 @@ def test_a_resume_of_a_run_another_process_holds_is_refused_in_one_line(interrup
     assert not (interrupted / "summary.json").exists()
 
 
-def test_two_resumes_of_one_run_the_second_is_refused_and_the_chain_verifies(
-    interrupted, capsys
-):
+def test_two_resumes_of_one_run_the_second_is_refused_and_the_chain_verifies(interrupted, capsys):
     live = subprocess.Popen(
         [sys.executable, "-c", LIVE_RESUME, str(interrupted)],
         stdout=subprocess.PIPE,
