@@ -350,6 +350,7 @@ def run_experiment(
     resume: bool = False,
     server_in_process: bool = False,
     callbacks: Sequence[Callback] = (),
+    temporary: bool = False,
 ) -> dict[str, Any]:
     """Runs `exp` on its backend, writing outputs to `run_dir` (None: in memory only).
 
@@ -359,6 +360,9 @@ def run_experiment(
     `server_in_process` (Ray only; Tune trials), the server runs in this process.
     `callbacks` (and those named in ``runtime.callbacks``) are told the run's start,
     each round's row after `on_round`, and the summary; they are closed in any case.
+    With `temporary` (`run_dir` is removed when the caller is done with it), callbacks are
+    told of no run directory, so that none writes files there to be lost
+    (`check_callbacks_keep_files` refuses those that would have to).
 
     Raises:
         RunDirBusyError: Another process is running in `run_dir` (its lock is held for
@@ -366,12 +370,48 @@ def run_experiment(
     """
     if resume and run_dir is None:
         raise ValueError("resume needs the run directory")
+    if temporary:
+        check_callbacks_keep_files(exp.config, callbacks, run_dir_kept=False)
+    args = (on_round, resume, server_in_process, callbacks, temporary)
     if run_dir is None:
-        return _run_experiment(exp, None, on_round, resume, server_in_process, callbacks)
+        return _run_experiment(exp, None, *args)
     # One process per run directory, for the run's life (re-entrant: the CLI holds it
     # already); a second one is refused before Ray starts.
     with run_dir_lock(run_dir):
-        return _run_experiment(exp, run_dir, on_round, resume, server_in_process, callbacks)
+        return _run_experiment(exp, run_dir, *args)
+
+
+def check_callbacks_keep_files(
+    config: Config, callbacks: Sequence[Callback], run_dir_kept: bool
+) -> None:
+    """Refuses, in one line naming the option, a tracker that would write its files into a
+    run directory that is not kept (`run_simulation` or `audit` without `run_dir` run in a
+    temporary directory removed when they return): its files would be deleted silently.
+
+    Raises:
+        ConfigError: ``runtime.callbacks`` names ``tensorboard``, or `callbacks` holds a
+            `TensorBoardCallback` without ``log_dir``.
+    """
+    if run_dir_kept:
+        return
+    from raydpfl.callbacks import TensorBoardCallback
+
+    why = (
+        "writes its event files into the run directory, and this run keeps none (without "
+        "run_dir its outputs go to a temporary directory removed when the call returns, "
+        "event files included); give run_dir="
+    )
+    if "tensorboard" in parse_callback_names(config.runtime.callbacks):
+        raise ConfigError(
+            "runtime.callbacks",
+            f"tensorboard {why}..., or drop tensorboard from runtime.callbacks and pass "
+            "callbacks=[TensorBoardCallback(log_dir=...)]",
+        )
+    for cb in callbacks:
+        if isinstance(cb, TensorBoardCallback) and cb.log_dir is None:
+            raise ConfigError(
+                "callbacks", f"TensorBoardCallback() without log_dir {why}..., or a log_dir"
+            )
 
 
 def _run_experiment(
@@ -381,6 +421,7 @@ def _run_experiment(
     resume: bool,
     server_in_process: bool,
     callbacks: Sequence[Callback],
+    temporary: bool,
 ) -> dict[str, Any]:
     if resume:
         assert run_dir is not None
@@ -390,7 +431,7 @@ def _run_experiment(
     watchers = [*callbacks_from_names(parse_callback_names(exp.config.runtime.callbacks))]
     watchers += list(callbacks)
     try:
-        info = _run_info(exp, run_dir, resume)
+        info = _run_info(exp, None if temporary else run_dir, resume)
         for cb in watchers:
             cb.on_run_start(info)
         summary = _run_backend(exp, run_dir, _tell(on_round, watchers), resume, server_in_process)

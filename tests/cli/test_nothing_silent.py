@@ -113,6 +113,48 @@ def test_every_clients_budget_spent_before_round_one_exits_2(tmp_path, capsys, m
     assert "no round was trained (privacy budget exhausted for every client)" in _one_line(capsys)
 
 
+# ---- 3. tracker files that would be deleted silently -----------------------------------
+def test_tensorboard_without_a_run_dir_is_refused_naming_the_option(monkeypatch):
+    from raydpfl.callbacks import TensorBoardCallback
+    from raydpfl.experiment import build
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("data loaded")
+
+    monkeypatch.setattr(build, "load_federated", no_data)
+    cfg = small_config(experiment__algorithm={"rounds": 1})
+    with pytest.raises(ConfigError, match=r"^runtime\.callbacks: tensorboard writes its "):
+        raydpfl.run_simulation(cfg, overrides=["runtime.callbacks=tensorboard"])
+    with pytest.raises(ConfigError, match=r"^callbacks: TensorBoardCallback\(\) without log_dir"):
+        raydpfl.run_simulation(cfg, callbacks=[TensorBoardCallback()])
+
+
+def test_tensorboard_files_stay_where_the_user_said(tmp_path):
+    from raydpfl.callbacks import Callback, TensorBoardCallback
+
+    seen = []
+
+    class Where(Callback):
+        def on_run_start(self, info):
+            seen.append(info.run_dir)
+
+    cfg = small_config(experiment__algorithm={"rounds": 1})
+    raydpfl.run_simulation(cfg, callbacks=[TensorBoardCallback(log_dir=tmp_path / "tb"), Where()])
+    assert any((tmp_path / "tb").iterdir())  # kept after the call returned
+    assert seen == [None]  # a temporary run directory is no place for a tracker's files
+    raydpfl.run_simulation(
+        cfg, overrides=["runtime.callbacks=tensorboard"], run_dir=tmp_path / "r"
+    )
+    assert any((tmp_path / "r" / "tensorboard").iterdir())
+
+
+def test_an_audit_without_run_dir_refuses_tensorboard():
+    from raydpfl.audit import audit
+
+    with pytest.raises(ConfigError, match=r"^runtime\.callbacks: tensorboard"):
+        audit(small_config(runtime={"callbacks": "tensorboard"}), canaries=10)
+
+
 # ---- 5. a non-finite model; inputs the arithmetic cannot take ----------------------------
 def test_a_model_that_turns_non_finite_stops_the_run_with_one_line(tmp_path, capsys):
     raw = yaml.safe_load(yaml.safe_dump(SMALL))
