@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import shlex
 import signal
 import sys
@@ -68,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raydpfl: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except (RoundTimeoutError, WorkerLostError, ServerLostError) as e:
-        print(f"raydpfl: run failed: {_one_line(e)}", file=sys.stderr)
+        log = _log_failure(args, e)
+        where = f" (details in {log})" if log is not None else ""
+        print(f"raydpfl: run failed: {_short_line(e)}{where}", file=sys.stderr)
         print(f"raydpfl: {_how_to_resume(args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
@@ -117,13 +120,57 @@ def _how_to_resume(args: argparse.Namespace) -> str:
     )
 
 
+#: Terminal colour codes (Ray colours the remote tracebacks it embeds in its errors).
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+#: The longest failure line printed; the whole text goes to the run's error.log.
+SHORT_LINE = 240
+#: A failed run's full error text, appended in its run (or sweep) directory.
+ERROR_LOG = "error.log"
+
+
 def _one_line(e: BaseException) -> str:
     # An error raised inside a Ray actor arrives as RayTaskError's copy of it, whose text
     # is the whole remote traceback: the message is the original exception's.
+    text = _ANSI.sub("", str(_unwrapped(e))).strip() or type(e).__name__
+    return " ".join(text.split())
+
+
+def _unwrapped(e: BaseException) -> BaseException:
     while _ray_wrapped(e):
         e = e.cause  # type: ignore[attr-defined]
-    text = str(e).strip() or type(e).__name__
-    return " ".join(text.split())
+    return e
+
+
+def _short_line(e: BaseException) -> str:
+    """The error's first line, without colour codes, cut at `SHORT_LINE` characters: a
+    lost worker's message embeds Ray's whole remote traceback."""
+    text = _ANSI.sub("", str(_unwrapped(e))).strip()
+    first = " ".join(text.splitlines()[0].split()) if text else type(e).__name__
+    if len(first) > SHORT_LINE:
+        first = first[: SHORT_LINE - 3].rstrip() + "..."
+    return first
+
+
+def _log_failure(args: argparse.Namespace, e: BaseException) -> Path | None:
+    """Appends the failure's whole text and traceback (colour codes removed) to the run's
+    (or sweep's) error.log; returns its path, or None when there is no such directory."""
+    import traceback
+
+    folder = getattr(args, "sweep_dir", None) or getattr(args, "run_dir", None)
+    if folder is None or not Path(folder).is_dir():
+        return None
+    path = Path(folder) / ERROR_LOG
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    text = "".join(traceback.format_exception(e))
+    cause = _unwrapped(e)
+    if cause is not e:
+        text += "".join(traceback.format_exception(cause))
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"---- {stamp} {' '.join(sys.argv)}\n{_ANSI.sub('', text)}\n")
+    except OSError:
+        return None
+    return path
 
 
 def _ray_wrapped(e: BaseException) -> bool:

@@ -41,6 +41,12 @@ class ResumeError(ValueError):
     """A run directory that cannot be resumed safely (damaged, edited or incomplete)."""
 
 
+class ResumeDivergedError(ResumeError, RuntimeError):
+    """A replayed round made other charges than ledger_log.jsonl holds for it (a log edited
+    and re-chained, other code or hardware): a `ResumeError` (one line, exit 2), and a
+    RuntimeError as it always was."""
+
+
 # ---- the charge log ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ChargeBatch:

@@ -34,7 +34,12 @@ from raydpfl.simulation.backend import Backend
 from raydpfl.simulation.evaluation import CentralTestSet, EvalResult
 from raydpfl.simulation.fairness import fairness_metrics
 from raydpfl.simulation.finite import check_finite_model
-from raydpfl.simulation.integrity import ResumeError, first_ledger_difference, rebuild_ledger
+from raydpfl.simulation.integrity import (
+    ResumeDivergedError,
+    ResumeError,
+    first_ledger_difference,
+    rebuild_ledger,
+)
 from raydpfl.simulation.outputs import RunWriter, model_sha256
 from raydpfl.simulation.reduction import group_tasks
 from raydpfl.simulation.seeding import SERVER, numpy_rng
@@ -575,8 +580,8 @@ class Server:
         return out
 
 
-def _diverged(round_idx: int) -> RuntimeError:
-    return RuntimeError(
+def _diverged(round_idx: int) -> ResumeDivergedError:
+    return ResumeDivergedError(
         f"resume diverged from the interrupted run in round {round_idx + 1}: the replayed "
         "charges differ from ledger_log.jsonl (different code, config or hardware?); the "
         "ledger log is the record of what was charged"

@@ -220,3 +220,59 @@ def test_the_bounds_in_the_messages_are_the_constants():
         PrivacyConfig(noise_multiplier=MIN_NOISE_MULTIPLIER * 0.99)
     with pytest.raises(ConfigError, match=rf"in \[{MIN_SAMPLING_RATE:g}, 1\]"):
         PrivacyConfig(sampling_rate=MIN_SAMPLING_RATE * 0.99)
+
+
+# ---- 6. one short line for a lost worker ---------------------------------------------------
+# What Ray's error for a worker on a killed raylet looks like inside WorkerLostError: the
+# whole remote traceback, coloured.
+RAY_TEXT = (
+    "The actor died unexpectedly before finishing this task.\n"
+    "\tclass_name: ClientWorker\n\tactor_id: 4f1c...\n\x1b[36m(ClientWorker pid=123)\x1b[0m "
+    + "Traceback (most recent call last):\n"
+    + "".join(f'  File "/ray/_private/worker.py", line {i}, in get\n' for i in range(60))
+)
+
+
+def test_a_lost_worker_is_one_short_line_with_the_details_in_the_run_log(
+    tmp_path, capsys, monkeypatch
+):
+    from raydpfl.experiment import build
+    from raydpfl.simulation.backend import WorkerLostError
+
+    def lost(exp, run_dir, **kwargs):
+        (run_dir / "config.yaml").write_text("x")
+        raise WorkerLostError(
+            "a client worker died during a round and could not be restarted "
+            f"(runtime.max_restarts=3): {RAY_TEXT}"
+        )
+
+    monkeypatch.setattr(build, "run_experiment", lost)
+    out = tmp_path / "run"
+
+    code = main(["run", str(_write(tmp_path, SMALL)), "--out", str(out), "--no-progress"])
+
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("raydpfl: run failed: a client worker died during a round")
+    assert len(err[0]) < 400 and "\x1b" not in err[0] and "Traceback" not in err[0]
+    assert err[0].endswith(f"(details in {out / 'error.log'})")
+    assert len(err) == 2 and "finished rounds are kept in" in err[1]
+    details = (out / "error.log").read_text()
+    assert 'File "/ray/_private/worker.py", line 59' in details and "\x1b" not in details
+
+
+def test_an_error_from_inside_a_ray_actor_prints_its_own_message():
+    from raydpfl.cli.main import _one_line
+    from raydpfl.simulation.integrity import ResumeError
+
+    class RayTaskError(Exception):  # Ray's wrapper: its text is the remote traceback
+        pass
+
+    class Wrapped(RayTaskError, ResumeError):
+        def __init__(self, cause):
+            super().__init__("\x1b[36mray::ServerHost.run_round()\x1b[39m Traceback ...\n" * 30)
+            self.cause = cause
+
+    assert _one_line(Wrapped(ResumeError("resume diverged in round 3"))) == (
+        "resume diverged in round 3"
+    )

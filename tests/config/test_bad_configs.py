@@ -56,6 +56,10 @@ BAD: dict[str, tuple[bytes, str]] = {
         b"experiment:\n  privacy: {sampling_rate: 1.0e-300}\n" + LOCAL.encode(),
         "experiment.privacy.sampling_rate: must be in [1e-06, 1], got 1e-300",
     ),
+    "oversized file": (
+        b"experiment: {name: big}\n" + b"#" * (8 * 1024 * 1024) + b"\n",
+        "larger than a config file may be (more than 8,388,608 bytes, 8 MiB); not parsed",
+    ),
     "missing dataset files": (
         b"experiment:\n  data: {dataset: mnist, root: /nonexistent-raydpfl}\n" + LOCAL.encode(),
         "mnist: files not found under /nonexistent-raydpfl",

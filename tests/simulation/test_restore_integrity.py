@@ -217,6 +217,28 @@ def test_the_log_is_a_hash_chain_over_its_lines(tmp_path):
     assert len(read_chained_log(tmp_path / CHARGE_LOG)[0]) == 3
 
 
+def test_a_tampered_and_rechained_log_is_a_one_line_refusal_not_a_traceback(interrupted, capsys):
+    # Issue 35: round 5's logged charges (after the checkpoint) are edited and every hash
+    # after them recomputed, so the chain verifies; the replay then charges differently.
+    run_dir, _ = interrupted
+    log = run_dir / CHARGE_LOG
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries[-1]["round"] == 4  # round 5 replays against this line
+    entries[-1]["charges"][0][1]["noise_multiplier"] = 2.0
+    chain, lines = GENESIS, []
+    for entry in entries:
+        line = charge_log_line(chain, entry["round"], entry["charges"])
+        chain = json.loads(line)["chain"]
+        lines.append(line + "\n")
+    log.write_text("".join(lines))
+    read_chained_log(log)  # the chain holds
+
+    assert _resume_cli(run_dir) == 2
+    line = _one_line_error(capsys)
+    assert "resume diverged from the interrupted run in round 5" in line
+    assert not (run_dir / "summary.json").exists()
+
+
 # ---- 3. no result-changing override on resume ---------------------------------------------
 def test_resume_refuses_a_seed_override_and_takes_a_runtime_only_one(interrupted, capsys):
     run_dir, reference = interrupted
