@@ -37,6 +37,7 @@ from raydpfl.simulation.finite import check_finite_model
 from raydpfl.simulation.integrity import (
     ResumeDivergedError,
     ResumeError,
+    check_row_epsilons,
     first_ledger_difference,
     rebuild_ledger,
 )
@@ -328,6 +329,8 @@ class Server:
         self.stop_reason = state["stop_reason"]
         self.rows = [_restore_nans(r) for r in state["rows"]]
         self._restore_ledger(state)
+        settled = self.writer.charge_batches()[: self._log_position]
+        check_row_epsilons(self.ledger, settled, self.rows, self.num_clients)
         self.algorithm.load_state_dict(state["algorithm"])
         self.algorithm.load_tensor_state({n: t.to(device) for n, t in tensors.items()})
         self.writer.prepare_resume(self.rounds_completed, self.rows)

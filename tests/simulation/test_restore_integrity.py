@@ -163,6 +163,24 @@ def test_cutting_a_clients_recorded_charges_in_the_checkpoint_is_refused(interru
         run_experiment(build_experiment(config_from_dict(RAW)), run_dir, resume=True)
 
 
+@pytest.mark.parametrize(("column", "row"), [("epsilon_max", 0), ("epsilon_mean", 3)])
+def test_an_edited_epsilon_in_the_checkpointed_rows_is_refused(interrupted, capsys, column, row):
+    # Issue 35: the rows rounds.parquet is rebuilt from, edited and the manifest re-hashed;
+    # the ledger is untouched, so only a check of the rows against the log can see it.
+    run_dir, _ = interrupted
+    state_path = _state_path(run_dir)
+    state = json.loads(state_path.read_text())
+    assert [r["round"] for r in state["rows"]] == [1, 2, 3, 4]
+    state["rows"][row][column] = 0.01
+    state_path.write_text(json.dumps(state))
+    _rehash(run_dir, f"checkpoint/{state_path.name}")
+
+    assert _resume_cli(run_dir) == 2
+    line = _one_line_error(capsys)
+    assert f"row of round {row + 1} reports {column}=0.01, but ledger_log.jsonl" in line
+    assert not (run_dir / "summary.json").exists()
+
+
 @pytest.mark.parametrize(
     "damage",
     ["emptied", "truncated", "edited", "reordered", "deleted"],
@@ -321,3 +339,12 @@ def test_heterogeneous_budgets_report_the_max_epsilon_with_that_clients_delta(ca
     out = capsys.readouterr().out
     assert f"at delta {deltas[top]:g} (client {top};" in out
     assert "at the record level" in out
+
+
+def test_a_non_private_runs_rows_must_report_an_infinite_epsilon():
+    from raydpfl.simulation.integrity import check_row_epsilons
+
+    inf = float("inf")
+    check_row_epsilons(None, [], [{"round": 1, "epsilon_max": inf, "epsilon_mean": inf}], 3)
+    with pytest.raises(ResumeError, match=r"round 1 reports epsilon_max=0\.5, but the run is not"):
+        check_row_epsilons(None, [], [{"round": 1, "epsilon_max": 0.5, "epsilon_mean": inf}], 3)
