@@ -276,3 +276,93 @@ def test_an_error_from_inside_a_ray_actor_prints_its_own_message():
     assert _one_line(Wrapped(ResumeError("resume diverged in round 3"))) == (
         "resume diverged in round 3"
     )
+
+
+# ---- 4. validate opens the data as run does ------------------------------------------------
+def _leaf(x: list, y: list) -> str:
+    import json
+
+    return json.dumps(
+        {"users": ["u"], "num_samples": [len(y)], "user_data": {"u": {"x": x, "y": y}}}
+    )
+
+
+def _femnist_root(tmp_path: Path, train: str) -> Path:
+    root = tmp_path / "leaf"
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True)
+    good = [[0.5] * 784] * 4
+    (root / "test" / "t.json").write_text(_leaf(good, [1, 2, 3, 4]))
+    (root / "train" / "t.json").write_text(train)
+    return root
+
+
+def _bad_data(case: str, tmp_path: Path) -> dict:
+    data: dict = {"num_clients": 1, "partition": {"kind": "iid"}}
+    if case == "femnist root missing":
+        return {**data, "dataset": "femnist", "root": str(tmp_path / "nowhere")}
+    if case == "hf client_column missing":
+        datasets = pytest.importorskip("datasets")
+        split = {"features": [[0.1, 0.2]] * 6, "label": [0, 1] * 3, "user": ["a"] * 6}
+        datasets.DatasetDict(
+            {"train": datasets.Dataset.from_dict(split), "test": datasets.Dataset.from_dict(split)}
+        ).save_to_disk(str(tmp_path / "hf"))
+        options = {"path": "hf", "feature_column": "features", "client_column": "writer"}
+        return {
+            "dataset": "hf_dataset",
+            "root": str(tmp_path),
+            "num_clients": 1,
+            "partition": {"kind": "natural"},
+            "options": options,
+        }
+    train = {
+        "LEAF JSON without user_data": '{"users": ["u"], "num_samples": [1]}',
+        "image row of 783 floats": _leaf([[0.5] * 783], [1]),
+        "label 99": _leaf([[0.5] * 784], [99]),
+    }[case]
+    return {**data, "dataset": "femnist", "root": str(_femnist_root(tmp_path, train))}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "femnist root missing",
+        "LEAF JSON without user_data",
+        "image row of 783 floats",
+        "label 99",
+        "hf client_column missing",
+    ],
+)
+def test_validate_refuses_the_data_that_data_stats_and_run_refuse(case, tmp_path, capsys):
+    raw = {
+        "experiment": {
+            "data": _bad_data(case, tmp_path),
+            "model": {"name": "logreg"},
+            "algorithm": {"clients_per_round": 1},
+        },
+        "runtime": {"backend": "local", "progress": False},
+    }
+    config = str(_write(tmp_path, raw))
+    capsys.readouterr()  # the fixtures' own output (datasets' progress bars)
+
+    assert main(["data", "stats", config]) == 2
+    stats_line = _one_line(capsys)
+    assert main(["validate", config]) == 2
+    assert _one_line(capsys) == stats_line
+    assert main(["run", config, "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    assert _one_line(capsys) == stats_line
+
+    # --no-data: for a config meant for another machine; it says what it did not check.
+    assert main(["validate", config, "--no-data"]) == 0
+    ok = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ok.startswith("# ok: ") and "not checked: the dataset's files and contents" in ok
+    assert "present" not in ok
+
+
+def test_validate_says_what_it_checked(capsys):
+    assert main(["validate", str(_ROOT / "configs" / "quickstart.yaml")]) == 0
+    ok = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "its data was opened and partitioned as run does: 30 clients" in ok
+
+
+_ROOT = Path(__file__).resolve().parents[2]
