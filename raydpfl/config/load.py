@@ -54,8 +54,8 @@ MAX_CONFIG_BYTES = 8 * 1024 * 1024
 def read_yaml(path: Path) -> Any:
     """The YAML mapping in `path`, refusing in one line: an unreadable or empty file, one
     over `MAX_CONFIG_BYTES` (before parsing: no config is that large, and PyYAML takes
-    over a minute on 57 MB), bytes that are not UTF-8, invalid YAML, a key given twice in one mapping, and an
-    alias that refers to itself or expands past `MAX_NODES` nodes."""
+    over a minute on 57 MB), bytes that are not UTF-8, invalid YAML, a key given twice in
+    one mapping, and an alias that refers to itself or expands past `MAX_NODES` nodes."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)  # never more, whatever the file is
