@@ -36,10 +36,15 @@ from raydpfl.callbacks import Callback
 from raydpfl.config.load import config_from_dict, dump_config, load_config
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.experiment.build import build_experiment, run_experiment
+from raydpfl.experiment.build import (
+    build_experiment,
+    check_callbacks_keep_files,
+    run_experiment,
+)
 from raydpfl.privacy.client_level import ClientLevelLedger
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
+from raydpfl.simulation.run_lock import run_dir_lock
 
 __all__ = ["SimulationResult", "run_simulation", "to_config"]
 
@@ -125,7 +130,11 @@ def run_simulation(
         model: A callable with no arguments returning a fresh `torch.nn.Module` (e.g. a
             Module class), replacing ``experiment.model``.
         dataset: A `FederatedDataset` replacing ``experiment.data``'s.
-        run_dir: Where outputs go (new or empty); None keeps them only in the result.
+        run_dir: Where outputs go (new or empty); None keeps them only in the result
+            (written to a temporary directory, read back and removed), so a tracker that
+            writes into the run directory (``runtime.callbacks: tensorboard``, a
+            `TensorBoardCallback` without ``log_dir``) is refused: give a run_dir or a
+            log_dir.
         on_round: Called with each round's row as the run goes.
         callbacks: `raydpfl.callbacks.Callback` objects (trackers, or your own), told
             the run's start, each round's row and the summary; added to those named in
@@ -134,18 +143,25 @@ def run_simulation(
     Raises:
         ConfigError: A bad config value or argument (named), before any work starts.
         FileExistsError: `run_dir` exists and is not empty.
+        ConfigError: also a tensorboard tracker with nowhere to keep its files (see
+            `run_dir`), before any data is loaded.
+        RunDirBusyError: Another process is running in `run_dir` (its pid is named).
     """
     cfg = to_config(config, overrides)
     if run_dir is not None:
         check_run_dir_free(run_dir)
+    check_callbacks_keep_files(cfg, callbacks, run_dir_kept=run_dir is not None)
     exp = build_experiment(cfg, dataset=dataset, model=model, algorithm=algorithm)
     if run_dir is not None:
-        out = prepare_run_dir(run_dir)
-        return _result(
-            run_experiment(exp, out, on_round=on_round, callbacks=callbacks), out, keep=True
-        )
+        with run_dir_lock(run_dir):  # one process per run directory, for the run's life
+            out = prepare_run_dir(run_dir)
+            return _result(
+                run_experiment(exp, out, on_round=on_round, callbacks=callbacks), out, keep=True
+            )
     with tempfile.TemporaryDirectory(prefix="raydpfl-") as tmp:
-        summary = run_experiment(exp, Path(tmp), on_round=on_round, callbacks=callbacks)
+        summary = run_experiment(
+            exp, Path(tmp), on_round=on_round, callbacks=callbacks, temporary=True
+        )
         return _result(summary, Path(tmp), keep=False)
 
 

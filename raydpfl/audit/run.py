@@ -69,7 +69,11 @@ from raydpfl.audit import canaries as cn
 from raydpfl.audit.bound import correct_guesses, epsilon_lower_bound
 from raydpfl.config.load import config_from_dict, dump_config, load_config
 from raydpfl.config.schema import Config, ConfigError
-from raydpfl.experiment.build import build_experiment, run_experiment
+from raydpfl.experiment.build import (
+    build_experiment,
+    check_callbacks_keep_files,
+    run_experiment,
+)
 from raydpfl.privacy.accountants import compute_epsilon_extended
 from raydpfl.simulation.experiment import Experiment
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
@@ -240,6 +244,7 @@ def audit(
     cfg = _to_config(config, overrides)
     if run_dir is not None:
         check_run_dir_free(run_dir)
+    check_callbacks_keep_files(cfg, (), run_dir_kept=run_dir is not None)
     if cfg.experiment.algorithm.name in NOT_AUDITABLE:  # refused before loading any data
         _refuse(cfg.experiment.algorithm.name)
     base = build_experiment(cfg)
@@ -271,7 +276,7 @@ def audit(
         scores, score_name, audited = finish(exp, out, mode, score)
     else:
         with tempfile.TemporaryDirectory(prefix="raydpfl-audit-") as tmp:
-            summary = run_experiment(exp, Path(tmp))
+            summary = run_experiment(exp, Path(tmp), temporary=True)
             scores, score_name, audited = finish(exp, Path(tmp), mode, score)
             summary.pop("run_dir", None)
     correct = correct_guesses(scores, included, k_plus, k_minus, rng)

@@ -22,8 +22,10 @@ class TensorBoardCallback(Callback):
     as text, in TensorBoard event files.
 
     Args:
-        log_dir: Where the event files go; None: ``<run dir>/tensorboard`` (a run kept
-            only in memory then needs an explicit `log_dir`).
+        log_dir: Where the event files go; None: ``<run dir>/tensorboard``. A run that
+            keeps no run directory (`run_simulation` without `run_dir`) refuses a
+            callback without `log_dir` before any work, rather than write the files into
+            a temporary directory and delete them.
     """
 
     def __init__(self, log_dir: str | Path | None = None) -> None:
@@ -35,7 +37,8 @@ class TensorBoardCallback(Callback):
         if log_dir is None:
             if info.run_dir is None:
                 raise ValueError(
-                    "the tensorboard callback needs a run directory or an explicit log_dir"
+                    "TensorBoardCallback: this run keeps no run directory to write event "
+                    "files into; give the run a run_dir, or the callback a log_dir"
                 )
             log_dir = info.run_dir / "tensorboard"
         self._writer = _summary_writer()(str(log_dir))

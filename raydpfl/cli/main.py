@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import shlex
 import signal
 import sys
@@ -34,15 +35,19 @@ class _Parser(argparse.ArgumentParser):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from raydpfl.data.datasets import DatasetNotFoundError, DownloadError
     from raydpfl.privacy.kernel import PrivacyContractError
+    from raydpfl.simulation.finite import NonFiniteModelError
     from raydpfl.simulation.integrity import ResumeError
+    from raydpfl.simulation.run_lock import RunDirBusyError
 
     return (
         ConfigError,
         DatasetNotFoundError,
         DownloadError,
         FileExistsError,
+        NonFiniteModelError,
         PrivacyContractError,
         ResumeError,
+        RunDirBusyError,
     )
 
 
@@ -66,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raydpfl: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except (RoundTimeoutError, WorkerLostError, ServerLostError) as e:
-        print(f"raydpfl: run failed: {_one_line(e)}", file=sys.stderr)
+        log = _log_failure(args, e)
+        where = f" (details in {log})" if log is not None else ""
+        print(f"raydpfl: run failed: {_short_line(e)}{where}", file=sys.stderr)
         print(f"raydpfl: {_how_to_resume(args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
@@ -115,9 +122,63 @@ def _how_to_resume(args: argparse.Namespace) -> str:
     )
 
 
+#: Terminal colour codes (Ray colours the remote tracebacks it embeds in its errors).
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+#: The longest failure line printed; the whole text goes to the run's error.log.
+SHORT_LINE = 240
+#: A failed run's full error text, appended in its run (or sweep) directory.
+ERROR_LOG = "error.log"
+
+
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
+    # An error raised inside a Ray actor arrives as RayTaskError's copy of it, whose text
+    # is the whole remote traceback: the message is the original exception's.
+    text = _ANSI.sub("", str(_unwrapped(e))).strip() or type(e).__name__
     return " ".join(text.split())
+
+
+def _unwrapped(e: BaseException) -> BaseException:
+    while _ray_wrapped(e):
+        e = e.cause  # type: ignore[attr-defined]
+    return e
+
+
+def _short_line(e: BaseException) -> str:
+    """The error's first line, without colour codes, cut at `SHORT_LINE` characters: a
+    lost worker's message embeds Ray's whole remote traceback."""
+    text = _ANSI.sub("", str(_unwrapped(e))).strip()
+    first = " ".join(text.splitlines()[0].split()) if text else type(e).__name__
+    if len(first) > SHORT_LINE:
+        first = first[: SHORT_LINE - 3].rstrip() + "..."
+    return first
+
+
+def _log_failure(args: argparse.Namespace, e: BaseException) -> Path | None:
+    """Appends the failure's whole text and traceback (colour codes removed) to the run's
+    (or sweep's) error.log; returns its path, or None when there is no such directory."""
+    import traceback
+
+    folder = getattr(args, "sweep_dir", None) or getattr(args, "run_dir", None)
+    if folder is None or not Path(folder).is_dir():
+        return None
+    path = Path(folder) / ERROR_LOG
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    text = "".join(traceback.format_exception(e))
+    cause = _unwrapped(e)
+    if cause is not e:
+        text += "".join(traceback.format_exception(cause))
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"---- {stamp} {' '.join(sys.argv)}\n{_ANSI.sub('', text)}\n")
+    except OSError:
+        return None
+    return path
+
+
+def _ray_wrapped(e: BaseException) -> bool:
+    cause = getattr(e, "cause", None)
+    names = {c.__name__ for c in type(e).__mro__}
+    return isinstance(cause, BaseException) and cause is not e and "RayTaskError" in names
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -148,6 +209,14 @@ def _build_parser() -> argparse.ArgumentParser:
     val.add_argument("config")
     _add_set(val)
     _add_plugin(val)
+    val.add_argument(
+        "--no-data",
+        dest="no_data",
+        action="store_true",
+        help="do not open the data (a config meant for another machine): skips the "
+        "dataset's files and contents, the partition, the model and the algorithm, which "
+        "are checked by default as run checks them before training",
+    )
     val.add_argument(
         "--all",
         dest="everything",
@@ -331,6 +400,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _sigma(text: str) -> float:
+    from raydpfl.config.schema import MIN_NOISE_MULTIPLIER
+
+    value = _positive_float(text)
+    if value < MIN_NOISE_MULTIPLIER:
+        raise argparse.ArgumentTypeError(
+            f"must be >= {MIN_NOISE_MULTIPLIER:g} (as privacy.noise_multiplier), got {text}"
+        )
+    return value
+
+
 def _rate(text: str) -> float:
     value = _positive_float(text)
     if value > 1:
@@ -367,7 +447,7 @@ def _add_privacy_args(
             "--sigma",
             "--noise-multiplier",
             dest="sigma",
-            type=_positive_float,
+            type=_sigma,
             required=True,
             help="noise multiplier (noise std / clip norm)",
         )
@@ -401,7 +481,7 @@ def _add_client_level_args(
             "--sigma",
             "--noise-multiplier",
             dest="sigma",
-            type=_positive_float,
+            type=_sigma,
             required=True,
             help="noise multiplier: the aggregate's noise std over the update clip norm S",
         )
@@ -433,6 +513,12 @@ def _client_round(args: argparse.Namespace, sigma: float = 0.0):
     """One round's `ClientLevelCost` from the flags (a bad combination: one line)."""
     from raydpfl.privacy.client_level import ClientLevelCost, check_client_level_accountant
 
+    if args.delta >= 1.0 / args.population:  # as a client-level run refuses it
+        raise ConfigError(
+            "--delta",
+            f"must be < 1/N = {1.0 / args.population:.3g} at the client level "
+            f"({args.population} clients); got {args.delta:g}",
+        )
     if args.sampling == "poisson":
         if args.q is None or args.cohort is not None:
             raise ConfigError("--q", "poisson sampling needs --q (and no --cohort)")
@@ -477,10 +563,26 @@ def _load(args: argparse.Namespace):
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from raydpfl.cli.config_view import render
-    from raydpfl.experiment.build import NOT_CHECKED_BEFORE_LOADING, preflight
+    from raydpfl.experiment.build import NOT_CHECKED_BEFORE_LOADING, build_experiment, preflight
 
     config = _load(args)
-    preflight(config)  # the same check `run` makes before loading any data
+    if args.no_data:
+        # The checks that need no data; the dataset's files may be on another machine.
+        preflight(config, dataset_given=True)
+        checked = (
+            "--no-data: the data was not opened; not checked: the dataset's files and "
+            f"contents, {NOT_CHECKED_BEFORE_LOADING}"
+        )
+    else:
+        # Everything `run` checks before training (no Ray): the pre-flight check, then
+        # the data opened and partitioned as `data stats` does, the model and algorithm.
+        exp = build_experiment(config)
+        ds = exp.dataset
+        checked = (
+            f"its data was opened and partitioned as run does: {ds.num_clients} clients, "
+            f"{int(ds.train_sizes().sum())} train records, {len(ds.y_test)} central test "
+            "records; the model and the algorithm were built"
+        )
     text, hidden = render(config, everything=args.everything)
     sys.stdout.write(text)
     if hidden:
@@ -488,17 +590,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             f"# not shown (unused by {config.experiment.algorithm.name}, all defaults; "
             f"--all prints them): {', '.join(hidden)}"
         )
-    print(
-        f"# ok: {args.config} is valid and its dataset files are present "
-        f"(checked when the data is loaded: {NOT_CHECKED_BEFORE_LOADING})",
-        file=sys.stderr,
-    )
+    print(f"# ok: {args.config} is valid ({checked})", file=sys.stderr)
     return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from raydpfl.experiment.build import build_experiment, run_experiment
     from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
+    from raydpfl.simulation.run_lock import run_dir_lock
 
     if args.resume:
         return _resume(args)
@@ -512,23 +611,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     check_run_dir_free(run_dir)  # before loading any data; checked again on creation
     exp = build_experiment(config)
-    prepare_run_dir(run_dir)
-    args.run_dir = run_dir
-    progress = Progress(
-        config.experiment.algorithm.rounds,
-        enabled=config.runtime.progress and not args.no_progress,
-    )
-    try:
-        summary = run_experiment(exp, run_dir, on_round=progress.update)
-    finally:
-        progress.close()
-    _print_summary(summary)
-    return 0
+    with run_dir_lock(run_dir):  # one process per run directory, for the run's life
+        prepare_run_dir(run_dir)
+        args.run_dir = run_dir
+        progress = Progress(
+            config.experiment.algorithm.rounds,
+            enabled=config.runtime.progress and not args.no_progress,
+        )
+        try:
+            summary = run_experiment(exp, run_dir, on_round=progress.update)
+        finally:
+            progress.close()
+    return _report_run(summary)
 
 
 def _resume(args: argparse.Namespace) -> int:
     from raydpfl.config.load import load_config
     from raydpfl.experiment.build import build_experiment, check_resume, run_experiment
+    from raydpfl.simulation.run_lock import run_dir_lock
 
     run_dir = Path(args.resume)
     if args.out:
@@ -538,20 +638,21 @@ def _resume(args: argparse.Namespace) -> int:
     source = args.config if args.config is not None else run_dir / "config.yaml"
     _import_plugins(args.plugins)
     config = load_config(source, args.overrides)
-    check_resume(run_dir, config)  # before any data is loaded or Ray started
-    args.run_dir = run_dir
-    exp = build_experiment(config)
-    progress = Progress(
-        config.experiment.algorithm.rounds,
-        enabled=config.runtime.progress and not args.no_progress,
-        start=_checkpoint_round(run_dir),
-    )
-    try:
-        summary = run_experiment(exp, run_dir, on_round=progress.update, resume=True)
-    finally:
-        progress.close()
-    _print_summary(summary)
-    return 0
+    # One process per run directory, for the run's life; before any data or Ray.
+    with run_dir_lock(run_dir, create=False):
+        check_resume(run_dir, config)  # before any data is loaded or Ray started
+        args.run_dir = run_dir
+        exp = build_experiment(config)
+        progress = Progress(
+            config.experiment.algorithm.rounds,
+            enabled=config.runtime.progress and not args.no_progress,
+            start=_checkpoint_round(run_dir),
+        )
+        try:
+            summary = run_experiment(exp, run_dir, on_round=progress.update, resume=True)
+        finally:
+            progress.close()
+    return _report_run(summary)
 
 
 def _checkpoint_round(run_dir: Path) -> int:
@@ -795,6 +896,21 @@ def _default_run_dir(output: str, name: str) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
+
+
+def _report_run(summary: Mapping[str, Any]) -> int:
+    """Prints the summary (exit 0), or, for a run that ended without training a single
+    round (every client's budget spent before its first task, an algorithm that stopped
+    at once), one line on stderr and exit 2: such a run is not a result."""
+    if summary.get("rounds_completed") == 0 and summary.get("rounds_planned"):
+        where = f"; its outputs are in {summary['run_dir']}" if "run_dir" in summary else ""
+        print(
+            f"raydpfl: error: no round was trained ({summary.get('stop_reason')}){where}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    _print_summary(summary)
+    return 0
 
 
 def _print_summary(summary: Mapping[str, Any]) -> None:

@@ -46,14 +46,27 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> Config:
 MAX_NODES = 100_000
 
 
+#: The largest config (or sweep) file read: 8 MiB. Configs are a few KiB; a file past this
+#: is refused by its size at once, before PyYAML spends minutes on it.
+MAX_CONFIG_BYTES = 8 * 1024 * 1024
+
+
 def read_yaml(path: Path) -> Any:
-    """The YAML mapping in `path`, refusing in one line: an unreadable or empty file,
-    bytes that are not UTF-8, invalid YAML, a key given twice in one mapping, and an
-    alias that refers to itself or expands past `MAX_NODES` nodes."""
+    """The YAML mapping in `path`, refusing in one line: an unreadable or empty file, one
+    over `MAX_CONFIG_BYTES` (before parsing: no config is that large, and PyYAML takes
+    over a minute on 57 MB), bytes that are not UTF-8, invalid YAML, a key given twice in
+    one mapping, and an alias that refers to itself or expands past `MAX_NODES` nodes."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)  # never more, whatever the file is
     except OSError as e:
         raise ConfigError("", f"cannot read config {str(path)!r}: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            "",
+            f"{path}: larger than a config file may be (more than {MAX_CONFIG_BYTES:,} bytes, "
+            "8 MiB); not parsed",
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

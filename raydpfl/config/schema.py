@@ -479,9 +479,21 @@ class AlgorithmConfig:
         )
 
 
+#: The smallest σ (`privacy.noise_multiplier`, the calculators' ``--sigma``) accepted.
+MIN_NOISE_MULTIPLIER = 0.01
+#: The smallest Poisson rate q (`privacy.sampling_rate`) accepted.
+MIN_SAMPLING_RATE = 1e-6
+
+
 @dataclass(frozen=True, kw_only=True)
 class PrivacyConfig:
-    """Record-level DP per client: budget, DP-SGD parameters and the accountant."""
+    """Record-level DP per client: budget, DP-SGD parameters and the accountant.
+
+    σ below `MIN_NOISE_MULTIPLIER` or q below `MIN_SAMPLING_RATE` are refused: one such
+    step is not private in any useful sense (σ = 0.01 costs ε in the hundreds per step at
+    q = 1), and the accountants' and the DP-SGD step's float arithmetic breaks down
+    towards them (1/σ² overflows under ~1e-154, 1/q in float32 under ~3e-39).
+    """
 
     accountant: AccountantName = "rdp"  # rdp, prv (opacus); dp_rdp, pld (dp-accounting)
     epsilon: float = 8.0  # each client's budget; a task that would exceed it is refused
@@ -501,14 +513,16 @@ class PrivacyConfig:
         _check(0 < self.delta < 1, "delta", f"must be in (0, 1), got {self.delta}")
         _check(self.clip_norm > 0, "clip_norm", f"must be > 0, got {self.clip_norm}")
         _check(
-            self.noise_multiplier is None or self.noise_multiplier > 0,
+            self.noise_multiplier is None or self.noise_multiplier >= MIN_NOISE_MULTIPLIER,
             "noise_multiplier",
-            f"must be > 0 or null (calibrate), got {self.noise_multiplier}",
+            # the bounds are spelled out for docs/config-reference.md (its generator reads
+            # the words before ", got"); they are MIN_NOISE_MULTIPLIER, MIN_SAMPLING_RATE
+            f"must be >= 0.01 or null (calibrate), got {self.noise_multiplier}",
         )
         _check(
-            0 < self.sampling_rate <= 1,
+            MIN_SAMPLING_RATE <= self.sampling_rate <= 1,
             "sampling_rate",
-            f"must be in (0, 1], got {self.sampling_rate}",
+            f"must be in [1e-06, 1], got {self.sampling_rate}",
         )
         _check(
             self.noise_sampler in ("torch", "ziggurat", "boxmuller"),

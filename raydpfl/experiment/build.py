@@ -40,6 +40,7 @@ from raydpfl.simulation.backend import Backend, worker_threads
 from raydpfl.simulation.experiment import Experiment, make_server
 from raydpfl.simulation.integrity import ResumeError, read_manifest
 from raydpfl.simulation.outputs import RunWriter
+from raydpfl.simulation.run_lock import run_dir_lock
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
 from raydpfl.simulation.worker import ClientWorker, ModelSpec, resolve_device
 
@@ -71,7 +72,7 @@ def build_experiment(
     """
     exp, rt = config.experiment, config.runtime
     _check_user_objects(dataset, model, algorithm)
-    preflight(config, dataset_given=dataset is not None)
+    preflight(config, dataset_given=dataset is not None, algorithm_given=algorithm is not None)
     if rt.threads is not None:
         torch.set_num_threads(rt.threads)
     # The server evaluates on this process's device; Ray workers resolve their own.
@@ -167,17 +168,29 @@ NOT_CHECKED_BEFORE_LOADING = (
 )
 
 
-def preflight(config: Config, dataset_given: bool = False) -> None:
+#: Record-level presets whose every task is charged `PrivacyCost(σ, q, local_steps)` with
+#: σ, q from ``experiment.privacy`` as they are (when σ is not null): their first round's
+#: charge is known from the config alone. Algorithms that set σ or the step count
+#: themselves (ALI-DPFL's R_c, PE-DPFL, Adap DP-FL, the papers' presets) check their own.
+FIXED_SIGMA_PRESETS = ("dp_fedavg",)
+
+
+def preflight(config: Config, dataset_given: bool = False, algorithm_given: bool = False) -> None:
     """What can be checked before any data is loaded, shared by `raydpfl validate`,
-    `raydpfl run` and `run_simulation`: the dataset's files are on disk (built-ins) and a
-    registered algorithm's, model's or dataset's options parse.
+    `raydpfl run` and `run_simulation`: the dataset's files are on disk (built-ins), a
+    registered algorithm's, model's or dataset's options parse, and a fixed-σ preset
+    (`FIXED_SIGMA_PRESETS`) can pay for its first round within ``privacy.epsilon``.
 
     Raises:
         DatasetNotFoundError: The dataset's files are missing (the message says how to
             get them).
-        ConfigError: A registered entry's options are invalid (the key is named), or
-            ``runtime.callbacks`` names an unknown tracker or one that is not installed.
+        ConfigError: A registered entry's options are invalid (the key is named),
+            ``runtime.callbacks`` names an unknown tracker or one that is not installed,
+            or one round of the configured DP-SGD already costs more than
+            ``privacy.epsilon`` (no round could ever run).
     """
+    if not algorithm_given:
+        check_first_round_affordable(config)
     try:
         check_callback_names(parse_callback_names(config.runtime.callbacks))
     except ValueError as e:
@@ -194,6 +207,50 @@ def preflight(config: Config, dataset_given: bool = False) -> None:
     for kind, name, options, field_name in checks:
         if registry.is_registered(kind, name) and not registry.get(kind, name).builtin:
             parse_options(registry.get(kind, name), options, field_name)
+
+
+def first_round_epsilon(config: Config) -> float | None:
+    """ε one client spends in one round of a `FIXED_SIGMA_PRESETS` algorithm (its one
+    task: ``local_steps`` steps of σ = ``privacy.noise_multiplier`` at q =
+    ``privacy.sampling_rate``) under the configured accountant and δ, as the ledger
+    computes it; None when the config does not fix it (another algorithm, σ null)."""
+    exp = config.experiment
+    privacy = exp.privacy
+    if exp.algorithm.name not in FIXED_SIGMA_PRESETS or privacy.noise_multiplier is None:
+        return None
+    from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
+
+    cost = PrivacyCost(
+        noise_multiplier=privacy.noise_multiplier,
+        sampling_rate=privacy.sampling_rate,
+        steps=exp.algorithm.local_steps,
+    )
+    ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
+    try:
+        return ledger.epsilon_after(0, cost)
+    except (ValueError, ArithmeticError) as e:
+        raise ConfigError("experiment.privacy", f"cannot account one round: {e}") from None
+
+
+def check_first_round_affordable(config: Config) -> None:
+    """Refuses a fixed-σ preset whose one round already costs more than
+    ``privacy.epsilon``: the ledger would refuse every task and train nothing.
+
+    Raises:
+        ConfigError: Naming ``experiment.privacy.epsilon`` and the ε one round costs.
+    """
+    eps = first_round_epsilon(config)
+    privacy = config.experiment.privacy
+    if eps is None or eps <= privacy.epsilon:
+        return
+    raise ConfigError(
+        "experiment.privacy.epsilon",
+        f"{privacy.epsilon:g} cannot pay for one round: one round of DP-SGD "
+        f"(sigma={privacy.noise_multiplier:g}, q={privacy.sampling_rate:g}, "
+        f"{config.experiment.algorithm.local_steps} local steps) costs epsilon={eps:.4g} at "
+        f"delta={privacy.delta:g} ({privacy.accountant}), so no client could ever train; "
+        "raise epsilon or sigma, or lower sampling_rate or local_steps",
+    )
 
 
 def _check_user_objects(dataset: Any, model: Any, algorithm: Any) -> None:
@@ -293,6 +350,7 @@ def run_experiment(
     resume: bool = False,
     server_in_process: bool = False,
     callbacks: Sequence[Callback] = (),
+    temporary: bool = False,
 ) -> dict[str, Any]:
     """Runs `exp` on its backend, writing outputs to `run_dir` (None: in memory only).
 
@@ -302,17 +360,78 @@ def run_experiment(
     `server_in_process` (Ray only; Tune trials), the server runs in this process.
     `callbacks` (and those named in ``runtime.callbacks``) are told the run's start,
     each round's row after `on_round`, and the summary; they are closed in any case.
+    With `temporary` (`run_dir` is removed when the caller is done with it), callbacks are
+    told of no run directory, so that none writes files there to be lost
+    (`check_callbacks_keep_files` refuses those that would have to).
+
+    Raises:
+        RunDirBusyError: Another process is running in `run_dir` (its lock is held for
+            the run's life; see `raydpfl.simulation.run_lock`).
     """
     if resume and run_dir is None:
         raise ValueError("resume needs the run directory")
+    if temporary:
+        check_callbacks_keep_files(exp.config, callbacks, run_dir_kept=False)
+    args = (on_round, resume, server_in_process, callbacks, temporary)
+    if run_dir is None:
+        return _run_experiment(exp, None, *args)
+    # One process per run directory, for the run's life (re-entrant: the CLI holds it
+    # already); a second one is refused before Ray starts.
+    with run_dir_lock(run_dir):
+        return _run_experiment(exp, run_dir, *args)
+
+
+def check_callbacks_keep_files(
+    config: Config, callbacks: Sequence[Callback], run_dir_kept: bool
+) -> None:
+    """Refuses, in one line naming the option, a tracker that would write its files into a
+    run directory that is not kept (`run_simulation` or `audit` without `run_dir` run in a
+    temporary directory removed when they return): its files would be deleted silently.
+
+    Raises:
+        ConfigError: ``runtime.callbacks`` names ``tensorboard``, or `callbacks` holds a
+            `TensorBoardCallback` without ``log_dir``.
+    """
+    if run_dir_kept:
+        return
+    from raydpfl.callbacks import TensorBoardCallback
+
+    why = (
+        "writes its event files into the run directory, and this run keeps none (without "
+        "run_dir its outputs go to a temporary directory removed when the call returns, "
+        "event files included); give run_dir="
+    )
+    if "tensorboard" in parse_callback_names(config.runtime.callbacks):
+        raise ConfigError(
+            "runtime.callbacks",
+            f"tensorboard {why}..., or drop tensorboard from runtime.callbacks and pass "
+            "callbacks=[TensorBoardCallback(log_dir=...)]",
+        )
+    for cb in callbacks:
+        if isinstance(cb, TensorBoardCallback) and cb.log_dir is None:
+            raise ConfigError(
+                "callbacks", f"TensorBoardCallback() without log_dir {why}..., or a log_dir"
+            )
+
+
+def _run_experiment(
+    exp: Experiment,
+    run_dir: Path | None,
+    on_round: Callable[[Mapping[str, Any]], None] | None,
+    resume: bool,
+    server_in_process: bool,
+    callbacks: Sequence[Callback],
+    temporary: bool,
+) -> dict[str, Any]:
     if resume:
+        assert run_dir is not None
         check_resume(run_dir, exp.config)
     if run_dir is not None and not resume:
         RunWriter(run_dir).write_config(dump_config(exp.config))
     watchers = [*callbacks_from_names(parse_callback_names(exp.config.runtime.callbacks))]
     watchers += list(callbacks)
     try:
-        info = _run_info(exp, run_dir, resume)
+        info = _run_info(exp, None if temporary else run_dir, resume)
         for cb in watchers:
             cb.on_run_start(info)
         summary = _run_backend(exp, run_dir, _tell(on_round, watchers), resume, server_in_process)

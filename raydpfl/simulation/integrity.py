@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,12 @@ MANIFEST_FORMAT = 2
 
 class ResumeError(ValueError):
     """A run directory that cannot be resumed safely (damaged, edited or incomplete)."""
+
+
+class ResumeDivergedError(ResumeError, RuntimeError):
+    """A replayed round made other charges than ledger_log.jsonl holds for it (a log edited
+    and re-chained, other code or hardware): a `ResumeError` (one line, exit 2), and a
+    RuntimeError as it always was."""
 
 
 # ---- the charge log ------------------------------------------------------------------------
@@ -129,6 +136,70 @@ def rebuild_ledger(
         {"client_id": cid, "entries": entries} for cid, entries in sorted(clients.items())
     ]
     return ledger_type.from_dict(snapshot)
+
+
+def check_row_epsilons(
+    template: PrivacyLedger | ClientLevelLedger | None,
+    batches: Sequence[ChargeBatch],
+    rows: Sequence[Mapping[str, Any]],
+    num_units: int,
+) -> None:
+    """Checks the ε columns of the checkpoint's rows (what rounds.parquet reports for the
+    rounds before the checkpoint) against the charge log: the charges of `batches` are
+    replayed round by round into a fresh ledger with `template`'s settings, and after
+    each row's round its ``epsilon_max`` and ``epsilon_mean`` must be the ε statistics
+    the server would have reported (`EpsilonStats`). A non-private run's rows must report
+    ε = inf. One accountant evaluation per charged client per round, at most: the
+    accounting the original run did.
+
+    Raises:
+        ResumeError: The first round whose row disagrees (named, with both values).
+    """
+    from raydpfl.privacy.ledger_stats import EpsilonStats
+
+    columns = ("epsilon_max", "epsilon_mean")
+    if template is None:
+        for row in rows:
+            for key in columns:
+                value = row.get(key)
+                if not (isinstance(value, float) and math.isinf(value) and value > 0):
+                    raise ResumeError(
+                        f"the checkpoint's row of round {row.get('round')} reports {key}="
+                        f"{value!r}, but the run is not private (inf); the run is not resumed"
+                    )
+        return
+    ledger = rebuild_ledger(template, [])
+    parse_cost = (
+        ClientLevelLedger.cost_from_dict
+        if isinstance(ledger, ClientLevelLedger)
+        else PrivacyCost.from_dict
+    )
+    stats = EpsilonStats(ledger, num_units)
+    pending = list(batches)
+    for row in rows:
+        round_idx = int(row["round"]) - 1
+        charged: list[int] = []
+        while pending and pending[0].round <= round_idx:
+            for client_id, cost in pending.pop(0).charges:
+                try:
+                    ledger.charge(int(client_id), parse_cost(cost))
+                except ValueError as e:  # over its budget: not what the run charged
+                    raise ResumeError(
+                        f"ledger_log.jsonl's charges of round {round_idx + 1} do not replay "
+                        f"({e}); the run is not resumed"
+                    ) from None
+                charged.append(int(client_id))
+        stats.update(charged, len(charged))
+        for key, want in (("epsilon_max", stats.max()), ("epsilon_mean", stats.mean())):
+            value = row.get(key)
+            if not isinstance(value, (int, float)) or not math.isclose(
+                float(value), float(want), rel_tol=1e-9, abs_tol=1e-12
+            ):
+                raise ResumeError(
+                    f"the checkpoint's row of round {round_idx + 1} reports {key}={value!r}, "
+                    f"but ledger_log.jsonl's charges give {float(want)!r}: the rows would "
+                    "misreport the privacy spent, so the run is not resumed"
+                )
 
 
 def first_ledger_difference(logged: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:

@@ -16,6 +16,8 @@ Layout (see README "Outputs"):
                       the sha256 of each of them and of config.yaml). `raydpfl run
                       --resume RUN_DIR` verifies them and continues from it
     clients.parts/    per-round client tables while the run is going (merged at the end)
+    run.lock          while a process runs in the directory: its pid; flock-ed for the
+                      run's life, so a second process is refused (`run_lock`)
 
 Tables are written as they grow, so an interrupted run keeps every finished round.
 """
@@ -43,6 +45,7 @@ from raydpfl.simulation.integrity import (
     read_manifest,
     write_manifest,
 )
+from raydpfl.simulation.run_lock import LOCK_FILE, check_not_busy
 
 #: Per-round client tables until the run closes, the charge log and the checkpoint folder.
 CLIENT_PARTS = "clients.parts"
@@ -74,9 +77,13 @@ def read_charge_log(run_dir: Path) -> dict[int, list[list[Any]]]:
 
 
 def check_run_dir_free(path: str | Path) -> Path:
-    """Raises FileExistsError if `path` exists and is not an empty directory."""
+    """Raises FileExistsError if `path` exists and is not an empty directory (a lock file
+    left by a run that died before writing anything does not count), `RunDirBusyError` if
+    another process is running in it."""
     p = Path(path)
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+    if p.is_dir():
+        check_not_busy(p)
+    if p.exists() and (not p.is_dir() or any(q.name != LOCK_FILE for q in p.iterdir())):
         raise FileExistsError(f"output directory {str(p)!r} already exists and is not empty")
     return p
 

@@ -44,7 +44,14 @@ from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
 from raydpfl.simulation.evaluation import CentralTestSet, EvalResult
 from raydpfl.simulation.fairness import fairness_metrics
-from raydpfl.simulation.integrity import ResumeError, first_ledger_difference, rebuild_ledger
+from raydpfl.simulation.finite import check_finite_model
+from raydpfl.simulation.integrity import (
+    ResumeDivergedError,
+    ResumeError,
+    check_row_epsilons,
+    first_ledger_difference,
+    rebuild_ledger,
+)
 from raydpfl.simulation.outputs import RunWriter, model_sha256
 from raydpfl.simulation.reduction import group_tasks
 from raydpfl.simulation.seeding import SERVER, numpy_rng
@@ -159,12 +166,14 @@ class Server:
             _check_receipts(dispatched, total.receipts)
             with self._round_session(round_idx):
                 self.params = self.algorithm.aggregate_sum(self.params, dispatched, total)
+            check_finite_model(self.params, round_idx, [t.client_id for t in dispatched])
             trained, received, metrics = total.count, len(partials), total.metric_means()
         else:
             results = backend.run_tasks(self.params, dispatched) if dispatched else []
             _check_receipts(dispatched, [(r.client_id, r.receipt) for r in results])
             with self._round_session(round_idx):
                 self.params = self.algorithm.aggregate(self.params, dispatched, results)
+            check_finite_model(self.params, round_idx, [t.client_id for t in dispatched])
             trained, received = len(results), len(results)
             metrics = _mean_metrics([r.metrics for r in results])
             extra = self.algorithm.followup_tasks(round_idx, dispatched, results, self.params)
@@ -413,6 +422,8 @@ class Server:
         self.stop_reason = state["stop_reason"]
         self.rows = [_restore_nans(r) for r in state["rows"]]
         self._restore_ledger(state)
+        settled = self.writer.charge_batches()[: self._log_position]
+        check_row_epsilons(self.ledger, settled, self.rows, self.num_clients)
         self.algorithm.load_state_dict(state["algorithm"])
         self.algorithm.load_tensor_state({n: t.to(device) for n, t in tensors.items()})
         self.writer.prepare_resume(self.rounds_completed, self.rows)
@@ -683,8 +694,8 @@ def _check_receipts(
         check_receipt(client_id, task.round_idx, task.kind, task.mechanisms, receipt)
 
 
-def _diverged(round_idx: int) -> RuntimeError:
-    return RuntimeError(
+def _diverged(round_idx: int) -> ResumeDivergedError:
+    return ResumeDivergedError(
         f"resume diverged from the interrupted run in round {round_idx + 1}: the replayed "
         "charges differ from ledger_log.jsonl (different code, config or hardware?); the "
         "ledger log is the record of what was charged"

@@ -45,6 +45,7 @@ from raydpfl.config.load import dump_config, read_yaml
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.simulation.integrity import has_checkpoint
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
+from raydpfl.simulation.run_lock import LOCK_FILE, run_dir_lock
 from raydpfl.tune.selection import selection_privacy
 from raydpfl.tune.spec import Sweep, TuneSpec, parse_sweep, plain_value
 
@@ -81,14 +82,25 @@ def run_sweep(
     resume: bool = False,
     verbose: int = 1,
 ) -> dict[str, Any]:
-    """Runs (or, with `resume`, continues) the sweep; returns the sweep summary."""
+    """Runs (or, with `resume`, continues) the sweep; returns the sweep summary.
+
+    Raises:
+        RunDirBusyError: Another process runs a sweep in `sweep_dir`.
+    """
+    sweep_dir = sweep_dir.resolve()
+    if not resume:
+        check_run_dir_free(sweep_dir)
+    # One process per sweep directory, for the sweep's life (each trial locks its own).
+    with run_dir_lock(sweep_dir, create=not resume):
+        return _run_sweep(sweep, sweep_dir, resume, verbose)
+
+
+def _run_sweep(sweep: Sweep, sweep_dir: Path, resume: bool, verbose: int) -> dict[str, Any]:
     from raydpfl.backends.ray.runner import connect, disconnect
     from raydpfl.tune.interrupt import SweepInterrupt
     from raydpfl.tune.status import LAST_SEEN
 
-    sweep_dir = sweep_dir.resolve()
     if not resume:
-        check_run_dir_free(sweep_dir)
         prepare_run_dir(sweep_dir)
         text = {**sweep.base_raw, "tune": sweep.tune_raw}
         (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(text, sort_keys=False), "utf-8")
@@ -260,15 +272,19 @@ def run_trial(params: Mapping[str, Any], sweep: Sweep, sweep_dir: str) -> None:
     config = replace(config, runtime=replace(config.runtime, progress=False))
     trial_id = tune.get_context().get_trial_id()
     run_dir = Path(sweep_dir) / TRIALS_DIR / trial_id
-    resume = has_checkpoint(run_dir) and not (run_dir / "summary.json").exists()
-    if not resume and run_dir.exists() and any(run_dir.iterdir()):
-        _set_aside(run_dir)
-    exp = build_experiment(config)
-    if not resume:
-        prepare_run_dir(run_dir)
-    reporter = TrialReporter(sweep.spec.metric, tune.report, config.experiment.algorithm.rounds)
-    summary = run_in_trial(exp, run_dir, reporter, resume)
-    reporter.flush(summary)
+    # One process per trial directory (a stale attempt still running is refused).
+    with run_dir_lock(run_dir):
+        resume = has_checkpoint(run_dir) and not (run_dir / "summary.json").exists()
+        if not resume and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
+            _set_aside(run_dir)
+        exp = build_experiment(config)
+        if not resume:
+            prepare_run_dir(run_dir)
+        reporter = TrialReporter(
+            sweep.spec.metric, tune.report, config.experiment.algorithm.rounds
+        )
+        summary = run_in_trial(exp, run_dir, reporter, resume)
+        reporter.flush(summary)
 
 
 class TrialReporter:
@@ -332,7 +348,11 @@ def _set_aside(run_dir: Path) -> None:
     n = 1
     while (attempts / f"{run_dir.name}-{n}").exists():
         n += 1
-    shutil.move(str(run_dir), str(attempts / f"{run_dir.name}-{n}"))
+    target = attempts / f"{run_dir.name}-{n}"
+    target.mkdir()
+    for entry in sorted(run_dir.iterdir()):  # all but the lock this trial holds
+        if entry.name != LOCK_FILE:
+            shutil.move(str(entry), str(target / entry.name))
 
 
 # ---- results ------------------------------------------------------------------------------

@@ -43,6 +43,23 @@ BAD: dict[str, tuple[bytes, str]] = {
     ),
     "empty file": (b"", "is empty: expected a mapping with keys experiment, runtime"),
     "only comments": (b"# nothing\n", "is empty: expected a mapping"),
+    "unaffordable budget": (
+        b"experiment:\n  privacy: {epsilon: 0.001}\n" + LOCAL.encode(),
+        "experiment.privacy.epsilon: 0.001 cannot pay for one round: one round of DP-SGD "
+        "(sigma=1, q=0.05, 5 local steps) costs epsilon=1.932 at delta=1e-05 (rdp)",
+    ),
+    "vanishing noise multiplier": (
+        b"experiment:\n  privacy: {noise_multiplier: 1.0e-300}\n" + LOCAL.encode(),
+        "experiment.privacy.noise_multiplier: must be >= 0.01 or null (calibrate), got 1e-300",
+    ),
+    "vanishing sampling rate": (
+        b"experiment:\n  privacy: {sampling_rate: 1.0e-300}\n" + LOCAL.encode(),
+        "experiment.privacy.sampling_rate: must be in [1e-06, 1], got 1e-300",
+    ),
+    "oversized file": (
+        b"experiment: {name: big}\n" + b"#" * (8 * 1024 * 1024) + b"\n",
+        "larger than a config file may be (more than 8,388,608 bytes, 8 MiB); not parsed",
+    ),
     "missing dataset files": (
         b"experiment:\n  data: {dataset: mnist, root: /nonexistent-raydpfl}\n" + LOCAL.encode(),
         "mnist: files not found under /nonexistent-raydpfl",

@@ -46,18 +46,18 @@ def test_exponent_without_dot_loads_as_float(tmp_path):
         (
             {"experiment": {"privacy": {"sampling_rate": 0}}},
             "experiment.privacy.sampling_rate",
-            "(0, 1]",
+            "[1e-06, 1]",
         ),
         (
             {"experiment": {"privacy": {"sampling_rate": 1.5}}},
             "experiment.privacy.sampling_rate",
-            "(0, 1]",
+            "[1e-06, 1]",
         ),
         ({"experiment": {"privacy": {"clip_norm": -1}}}, "experiment.privacy.clip_norm", "> 0"),
         (
             {"experiment": {"privacy": {"noise_multiplier": 0}}},
             "experiment.privacy.noise_multiplier",
-            "> 0",
+            ">= 0.01",
         ),
         (
             {"experiment": {"privacy": {"accountant": "gdp"}}},

@@ -163,6 +163,24 @@ def test_cutting_a_clients_recorded_charges_in_the_checkpoint_is_refused(interru
         run_experiment(build_experiment(config_from_dict(RAW)), run_dir, resume=True)
 
 
+@pytest.mark.parametrize(("column", "row"), [("epsilon_max", 0), ("epsilon_mean", 3)])
+def test_an_edited_epsilon_in_the_checkpointed_rows_is_refused(interrupted, capsys, column, row):
+    # Issue 35: the rows rounds.parquet is rebuilt from, edited and the manifest re-hashed;
+    # the ledger is untouched, so only a check of the rows against the log can see it.
+    run_dir, _ = interrupted
+    state_path = _state_path(run_dir)
+    state = json.loads(state_path.read_text())
+    assert [r["round"] for r in state["rows"]] == [1, 2, 3, 4]
+    state["rows"][row][column] = 0.01
+    state_path.write_text(json.dumps(state))
+    _rehash(run_dir, f"checkpoint/{state_path.name}")
+
+    assert _resume_cli(run_dir) == 2
+    line = _one_line_error(capsys)
+    assert f"row of round {row + 1} reports {column}=0.01, but ledger_log.jsonl" in line
+    assert not (run_dir / "summary.json").exists()
+
+
 @pytest.mark.parametrize(
     "damage",
     ["emptied", "truncated", "edited", "reordered", "deleted"],
@@ -215,6 +233,28 @@ def test_the_log_is_a_hash_chain_over_its_lines(tmp_path):
     # A second writer (a resumed process) continues the same chain.
     RunWriter(tmp_path).log_charges(2, [(0, cost)])
     assert len(read_chained_log(tmp_path / CHARGE_LOG)[0]) == 3
+
+
+def test_a_tampered_and_rechained_log_is_a_one_line_refusal_not_a_traceback(interrupted, capsys):
+    # Issue 35: round 5's logged charges (after the checkpoint) are edited and every hash
+    # after them recomputed, so the chain verifies; the replay then charges differently.
+    run_dir, _ = interrupted
+    log = run_dir / CHARGE_LOG
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries[-1]["round"] == 4  # round 5 replays against this line
+    entries[-1]["charges"][0][1]["noise_multiplier"] = 2.0
+    chain, lines = GENESIS, []
+    for entry in entries:
+        line = charge_log_line(chain, entry["round"], entry["charges"])
+        chain = json.loads(line)["chain"]
+        lines.append(line + "\n")
+    log.write_text("".join(lines))
+    read_chained_log(log)  # the chain holds
+
+    assert _resume_cli(run_dir) == 2
+    line = _one_line_error(capsys)
+    assert "resume diverged from the interrupted run in round 5" in line
+    assert not (run_dir / "summary.json").exists()
 
 
 # ---- 3. no result-changing override on resume ---------------------------------------------
@@ -299,3 +339,12 @@ def test_heterogeneous_budgets_report_the_max_epsilon_with_that_clients_delta(ca
     out = capsys.readouterr().out
     assert f"at delta {deltas[top]:g} (client {top};" in out
     assert "at the record level" in out
+
+
+def test_a_non_private_runs_rows_must_report_an_infinite_epsilon():
+    from raydpfl.simulation.integrity import check_row_epsilons
+
+    inf = float("inf")
+    check_row_epsilons(None, [], [{"round": 1, "epsilon_max": inf, "epsilon_mean": inf}], 3)
+    with pytest.raises(ResumeError, match=r"round 1 reports epsilon_max=0\.5, but the run is not"):
+        check_row_epsilons(None, [], [{"round": 1, "epsilon_max": 0.5, "epsilon_mean": inf}], 3)
