@@ -111,6 +111,8 @@ def explain(key: tuple, explanations: list[dict[str, Any]], reduced: bool) -> tu
                 return f"explained ({ref})", e
             if e["status"] == "partial":
                 return f"partly explained ({ref}); the rest **unexplained**", e
+            if e["status"] == "tried":
+                return f"**unexplained** (tried: {ref})", e
             return f"attributed, not tested on this cell ({ref})", e
     if reduced:
         return "**unexplained** (our schedule is reduced; not tested whether that is why)", None
