@@ -310,7 +310,10 @@ class DPFedAvgClientLevel(Algorithm):
         common = (self.sampling, self.num_clients, self.sampling_rate, self.cohort_size)
         if self.adaptive_clipping:
             return AdaptiveClipGaussianSum(
-                self.noise_multiplier, self.current_clip_norm, self.clip_count_stddev, *common
+                self.noise_multiplier,
+                self.current_clip_norm,
+                *common,
+                count_stddev=self.clip_count_stddev,
             )
         return ClientGaussianSum(self.noise_multiplier, self.current_clip_norm, *common)
 

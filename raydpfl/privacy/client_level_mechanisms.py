@@ -54,7 +54,7 @@ import dataclasses
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -263,51 +263,24 @@ class ClientGaussianSum(PopulationMechanism):
 
 
 @dataclass(frozen=True)
-class AdaptiveClipGaussianSum(PopulationMechanism):
+class AdaptiveClipGaussianSum(ClientGaussianSum):
     """Adaptive clipping's two releases of a round (Andrew et al. 2021, Alg. 1): the sum
     of updates clipped to S_t with N(0, z_Δ²S_t²), and Σ_k (b_k − ½) with N(0, σ_b²).
     z_Δ is computed here from σ and σ_b (`update_noise_multiplier`), so that the pair is
     one Gaussian of multiplier σ, charged as `ClientGaussianSum`'s cost."""
 
     kind: ClassVar[str] = "adaptive_clip_gaussian_sum"
-    noise_multiplier: float
-    clip_norm: float
-    count_stddev: float
-    sampling: str
-    population: int
-    sampling_rate: float | None = None
-    cohort_size: int | None = None
+    count_stddev: float = field(kw_only=True)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _real("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(self, "clip_norm", _real("clip_norm", self.clip_norm, strict=True))
+        super().__post_init__()
         object.__setattr__(self, "count_stddev", _real("count_stddev", self.count_stddev))
-        if self.sampling not in ("poisson", "fixed"):
-            raise ValueError(f"sampling must be poisson or fixed, got {self.sampling!r}")
-        self.cost(1)
         update_noise_multiplier(self.noise_multiplier, self.count_stddev)  # σ_b > σ/2
 
     @property
     def update_noise_multiplier(self) -> float:
         """z_Δ = (σ⁻² − (2σ_b)⁻²)^(−½)."""
         return update_noise_multiplier(self.noise_multiplier, self.count_stddev)
-
-    @property
-    def noise_std(self) -> float:
-        """z_Δ·S_t, the std of the update sum's noise."""
-        return self.update_noise_multiplier * self.clip_norm
-
-    def cost(self, invocations: int) -> ClientLevelCost:
-        return _sampled_cost(
-            self.noise_multiplier,
-            self.sampling,
-            self.population,
-            self.sampling_rate,
-            self.cohort_size,
-            invocations,
-        )
 
     def live(self, streams: ServerStreams, device: Any = None) -> LiveAdaptiveClipSum:
         return LiveAdaptiveClipSum(self, streams)

@@ -73,7 +73,7 @@ def _params():
 def test_the_sum_mechanisms_charge_what_the_algorithm_charged(sampling, q, k):
     old = ClientLevelCost(1.3, sampling, N, q, k, 1)  # DPFedAvgClientLevel.cost, before
     central = ClientGaussianSum(1.3, 0.8, sampling, N, q, k)
-    adaptive = AdaptiveClipGaussianSum(1.3, 0.8, 2.0, sampling, N, q, k)
+    adaptive = AdaptiveClipGaussianSum(1.3, 0.8, sampling, N, q, k, count_stddev=2.0)
     assert central.cost(1) == old and central.cost(1).to_dict() == old.to_dict()
     assert adaptive.cost(1) == old and adaptive.cost(1).to_dict() == old.to_dict()
     assert central.cost(5) == old.with_steps(5)
@@ -136,7 +136,7 @@ def test_bad_mechanism_parameters_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="cohort_size"):
         DistributedGaussianSum(1.0, 1.0, N, N + 1)
     with pytest.raises(ValueError, match="clip_count_stddev"):
-        AdaptiveClipGaussianSum(2.0, 1.0, 0.9, "poisson", N, 0.25)  # σ_b <= σ/2
+        AdaptiveClipGaussianSum(2.0, 1.0, "poisson", N, 0.25, count_stddev=0.9)  # σ_b <= σ/2
     with pytest.raises(ValueError, match="tree_rounds"):
         TreeAggregationRelease(1.0, 1.0, 20, 3, 7, 0, 1)  # 7·3 > 20
     with pytest.raises(ValueError, match="clip_norm"):
@@ -151,7 +151,7 @@ def test_the_live_sums_draw_the_old_bits():
     want = _old_noisy(total, 1.1 * 0.8, round_noise_generator(SEED, 3, False))
     assert all(torch.equal(got[n], want[n]) for n in total)
 
-    adaptive = AdaptiveClipGaussianSum(1.1, 0.8, 2.0, "poisson", N, 0.25)
+    adaptive = AdaptiveClipGaussianSum(1.1, 0.8, "poisson", N, 0.25, count_stddev=2.0)
     live = _session(adaptive, round_idx=3).get()
     got = live.release(total)
     z = (1.1**-2 - (2 * 2.0) ** -2) ** -0.5  # the old update_noise_multiplier
@@ -209,7 +209,7 @@ def test_the_sum_noise_has_std_sigma_s():
 
 def test_adaptive_clipping_splits_sigma_into_z_update_and_the_count_sigma_b():
     sigma, s, sigma_b = 1.2, 0.5, 1.5
-    mech = AdaptiveClipGaussianSum(sigma, s, sigma_b, "poisson", N, 0.25)
+    mech = AdaptiveClipGaussianSum(sigma, s, "poisson", N, 0.25, count_stddev=sigma_b)
     z = mech.update_noise_multiplier
     # Andrew et al.: the two releases compose to one Gaussian of multiplier σ
     assert z**-2 + (2 * sigma_b) ** -2 == pytest.approx(sigma**-2)
@@ -256,7 +256,7 @@ def test_a_round_receipt_must_show_exactly_the_declared_releases():
 
 
 def test_adaptive_counts_an_invocation_only_with_both_releases():
-    mech = AdaptiveClipGaussianSum(1.0, 1.0, 2.0, "poisson", N, 0.25)
+    mech = AdaptiveClipGaussianSum(1.0, 1.0, "poisson", N, 0.25, count_stddev=2.0)
     session = _session(mech)
     live = session.get()
     with pytest.raises(PrivacyContractError, match="without its update sum"):
