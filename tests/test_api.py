@@ -165,3 +165,15 @@ def test_every_public_name_resolves_and_importing_stays_cheap():
     probe = "import raydpfl, sys; print('torch' in sys.modules, 'ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_an_unknown_algorithm_name_hints_at_plugins_and_hf_loader_is_exported():
+    """A plug-in's name without its file loaded is refused with a hint how to load it;
+    the Hugging Face loader is on `raydpfl.data` beside the other loaders."""
+    from raydpfl.config import ConfigError, config_from_dict
+    from raydpfl.data import load_hf_dataset
+    from raydpfl.data.hf import load_hf_dataset as direct
+
+    assert load_hf_dataset is direct
+    with pytest.raises(ConfigError, match=r"got 'my_algo' \(your own algorithm\? .*--plugin FILE"):
+        config_from_dict({"experiment": {"algorithm": {"name": "my_algo"}}})

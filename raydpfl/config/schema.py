@@ -36,7 +36,11 @@ def _check_name(kind: registry.Kind, name: str, builtins: tuple[str, ...], field
         return
     extra = [n for n in registry.names(kind) if n not in builtins]
     allowed = ", ".join((*builtins, *extra))
-    raise ConfigError(field, f"must be one of {allowed}; got {name!r}")
+    hint = (
+        f" (your own {kind}? load its file with `--plugin FILE`, or register it in Python "
+        "before run_simulation)"
+    )
+    raise ConfigError(field, f"must be one of {allowed}; got {name!r}{hint}")
 
 
 def _check_options(kind: str, name: str, options: Any, builtins: tuple[str, ...]) -> None:

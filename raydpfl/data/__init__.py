@@ -16,6 +16,7 @@ from raydpfl.data.datasets import (
     read_idx,
 )
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
+from raydpfl.data.hf import load_hf_dataset
 from raydpfl.data.partition import (
     PartitionStats,
     partition_dirichlet,
@@ -59,6 +60,7 @@ __all__ = [
     "load_cifar100",
     "load_dataset",
     "load_femnist",
+    "load_hf_dataset",
     "load_image_folder",
     "load_shakespeare",
     "make_synthetic",

@@ -129,7 +129,8 @@ class ArrayDataset:
     """A centralised dataset held in memory as numpy arrays.
 
     Attributes:
-        name: Dataset name, one of `DATASETS`.
+        name: The dataset's name: a built-in's (`DATASETS`) or, for your own arrays, any
+            label you like (it names the data in outputs; nothing is looked up by it).
         x_train: float32 array of shape (N, *input_shape), already normalised.
         y_train: int64 labels of shape (N,); float32 targets for a regression dataset.
         x_test: float32 array of shape (M, *input_shape), normalised like `x_train`.
