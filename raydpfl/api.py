@@ -33,6 +33,7 @@ import torch
 
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.callbacks import Callback
+from raydpfl.cli.ray_logs import quiet_ray
 from raydpfl.config.load import config_from_dict, dump_config, load_config
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
@@ -147,6 +148,7 @@ def run_simulation(
             `run_dir`), before any data is loaded.
         RunDirBusyError: Another process is running in `run_dir` (its pid is named).
     """
+    quiet_ray()  # Ray's per-run notices stay in its log files, as under `raydpfl run`
     cfg = to_config(config, overrides)
     if run_dir is not None:
         check_run_dir_free(run_dir)

@@ -15,7 +15,9 @@ The `datasets` package is imported only here, when such a dataset is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,24 @@ def _open(path: str, root: str | os.PathLike[str] | None) -> Any:
     folder = Path(path).expanduser()
     if not folder.is_absolute() and root is not None and (Path(root) / folder).is_dir():
         folder = Path(root) / folder
+    with _no_progress_bars(datasets):
+        return _open_quietly(datasets, path, folder, root)
+
+
+@contextlib.contextmanager
+def _no_progress_bars(datasets: Any) -> Iterator[None]:
+    """Hugging Face's progress bars off while raydpfl reads (a run's terminal shows
+    raydpfl's own progress); the user's setting is restored afterwards."""
+    was_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets.enable_progress_bars()
+
+
+def _open_quietly(datasets: Any, path: str, folder: Path, root: Any) -> Any:
     if folder.is_dir():
         if not ((folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()):
             raise DatasetNotFoundError(

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import logging
 import math
 import numbers
 import types
@@ -258,10 +259,24 @@ def _opacus_rdp_total(history: tuple[HistoryEntry, ...]) -> np.ndarray:
     return sum(_opacus_rdp_per_step(s, q) * n for s, q, n in history)  # type: ignore[return-value]
 
 
+#: opacus warns when the best order is the grid's largest (ε is then a valid but possibly
+#: loose upper bound): once per evaluation, so a run printed it hundreds of times. It goes
+#: to this module's logger (INFO) instead of the terminal; other warnings pass through.
+_LARGEST_ALPHA = "Optimal order is the largest alpha"
+_log = logging.getLogger(__name__)
+
+
 def _opacus_eps_from_rdp(rdp: np.ndarray, delta: float) -> float:
-    eps, _ = _opacus_rdp_analysis().get_privacy_spent(
-        orders=list(_opacus_alphas()), rdp=rdp, delta=delta
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eps, _ = _opacus_rdp_analysis().get_privacy_spent(
+            orders=list(_opacus_alphas()), rdp=rdp, delta=delta
+        )
+    for w in caught:
+        if _LARGEST_ALPHA in str(w.message):
+            _log.info("opacus RDP: %s (epsilon %.4g is an upper bound)", w.message, eps)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return float(eps)
 
 

@@ -138,3 +138,26 @@ def test_bad_options_and_missing_folders_are_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="save_to_disk"):
         load_hf_dataset(None, str(tmp_path / "empty"))
+
+
+def test_reading_keeps_hugging_faces_progress_bars_off_the_terminal_and_restores_them(tmp_path):
+    import datasets
+
+    folder = _save_vectors(tmp_path / "vec")
+    seen = []
+    real = datasets.load_from_disk
+
+    def spy(*args, **kwargs):
+        seen.append(datasets.is_progress_bar_enabled())
+        return real(*args, **kwargs)
+
+    datasets.enable_progress_bars()
+    try:
+        import unittest.mock
+
+        with unittest.mock.patch.object(datasets, "load_from_disk", spy):
+            load_hf_dataset(None, str(folder), feature_column="features")
+        assert seen == [False]  # off while raydpfl reads
+        assert datasets.is_progress_bar_enabled()  # the user's setting is back
+    finally:
+        datasets.enable_progress_bars()

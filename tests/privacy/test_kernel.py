@@ -157,3 +157,19 @@ def test_check_receipt_refuses_any_difference_and_names_client_and_round():
     for got in (Receipt((uses(mech, 10),)), Receipt((uses(mech, 0),)), None):
         with pytest.raises(PrivacyContractError, match=r"client 3, round 5 \(train task\)"):
             check_receipt(3, 4, "train", (uses(mech, 5),), got)
+
+
+def test_opacus_largest_alpha_notice_goes_to_the_log_not_the_terminal(caplog):
+    """A tiny ε (huge σ) makes opacus warn once per evaluation that the largest order was
+    optimal; raydpfl logs it (INFO) instead of printing it, and ε is unchanged."""
+    import logging
+    import warnings
+
+    from raydpfl.privacy.accountants import compute_epsilon
+
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+        warnings.simplefilter("always")
+        eps = compute_epsilon([(200.0, 0.01, 1)], 1e-5, "rdp")
+    assert 0 < eps < 1
+    assert not [w for w in caught if "Optimal order" in str(w.message)]
+    assert any("Optimal order is the largest alpha" in r.getMessage() for r in caplog.records)
