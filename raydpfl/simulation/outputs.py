@@ -4,7 +4,8 @@ Layout (see README "Outputs"):
 
     config.yaml       the resolved config, written before the first round
     rounds.parquet    one row per round (rewritten atomically after every round)
-    clients.parquet   one row per client per evaluated round
+    clients.parquet   one row per client per evaluated round (without per-client scoring:
+                      one row per client for the last round, its ε and size)
     ledger.json       every privacy charge, per client (JSON, never pickle)
     summary.json      final figures and the privacy statement
     model.pt          the final global parameters (a plain state dict)

@@ -533,6 +533,10 @@ class Server:
             central = backend.evaluate_central(self.params, self.test_set)
             row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
             if not self.settings.evaluate_clients:
+                # Not scored per client (no client test split, or turned off): the last
+                # round still lists every client's ε and size in clients.parquet.
+                if last:
+                    self._write_clients(round_idx, None)
                 return
             per_client = backend.evaluate_clients(self.params, ids)
         else:
@@ -542,26 +546,37 @@ class Server:
             central = _pooled(per_client)
             row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
             if not self.settings.evaluate_clients:
+                if last:
+                    self._write_clients(round_idx, None)
                 return
-        if self.writer is not None:
-            # Column arrays: the ε and size columns are the server's arrays as they are.
-            n = len(ids)
-            self.writer.add_clients(
-                {
-                    "round": np.full(n, round_idx + 1, dtype=np.int32),
-                    "client_id": np.arange(n, dtype=np.int32),
-                    "test_accuracy": [e.accuracy for e in per_client],
-                    "test_loss": [e.loss for e in per_client],
-                    "epsilon": np.array(self._epsilons(), dtype=np.float64),
-                    "num_examples": np.asarray(self.train_sizes, dtype=np.int64),
-                    "num_test_examples": [e.num_examples for e in per_client],
-                }
-            )
+        self._write_clients(round_idx, per_client)
         accs = np.array([e.accuracy for e in per_client], dtype=float)
         if np.isfinite(accs).any():
             row["client_accuracy_mean"] = float(np.nanmean(accs))
             row["client_accuracy_std"] = float(np.nanstd(accs))
             row.update(self._fairness(per_client))
+
+    def _write_clients(self, round_idx: int, per_client: Sequence[EvalResult] | None) -> None:
+        """One clients.parquet row per client for this round: its ε and size, and its test
+        figures when it was scored (`per_client`; None: NaN and 0 test records)."""
+        if self.writer is None:
+            return
+        # Column arrays: the ε and size columns are the server's arrays as they are.
+        n = self.num_clients
+        nan = np.full(n, np.nan)
+        self.writer.add_clients(
+            {
+                "round": np.full(n, round_idx + 1, dtype=np.int32),
+                "client_id": np.arange(n, dtype=np.int32),
+                "test_accuracy": nan if per_client is None else [e.accuracy for e in per_client],
+                "test_loss": nan if per_client is None else [e.loss for e in per_client],
+                "epsilon": np.array(self._epsilons(), dtype=np.float64),
+                "num_examples": np.asarray(self.train_sizes, dtype=np.int64),
+                "num_test_examples": np.zeros(n, dtype=np.int64)
+                if per_client is None
+                else [e.num_examples for e in per_client],
+            }
+        )
 
     def _fairness(self, per_client: Sequence[EvalResult]) -> dict[str, float]:
         """FedFDP's Ψ and the accuracy-spread metrics over the clients with test records,

@@ -290,3 +290,20 @@ def test_the_readme_private_plugin_runs_and_is_charged_for_both_mechanisms():
         assert result.history.to_pandas()["noisy_loss"].notna().all()
     finally:
         raydpfl.registry.unregister("algorithm", "dp_fedavg_loss_report")
+
+
+def test_clients_parquet_lists_every_clients_epsilon_without_a_client_test_split(tmp_path):
+    """Issue 35.11: with client_test_fraction 0 nothing is scored per client, and
+    clients.parquet still says each client's ε and size (it was empty)."""
+    import pyarrow.parquet as pq
+
+    result = raydpfl.run_simulation(
+        str(ROOT / "configs/quickstart.yaml"),
+        overrides=[*QUICK, "experiment.data.client_test_fraction=0"],
+        run_dir=tmp_path / "run",
+    )
+    table = pq.read_table(tmp_path / "run" / "clients.parquet").to_pandas()
+    assert len(table) == 10 and table["round"].unique().tolist() == [2]
+    assert table["epsilon"].max() == pytest.approx(result.summary["epsilon_max"])
+    assert (table["num_test_examples"] == 0).all() and table["test_accuracy"].isna().all()
+    assert (table["num_examples"] > 0).all()
