@@ -321,6 +321,14 @@ def _describe(declared: Sequence[MechanismUse]) -> str:
     return "; ".join(u.describe() for u in declared) or "no mechanism"
 
 
+def _totals(entries: Sequence[MechanismUse]) -> dict[Mechanism, int]:
+    """Invocations per distinct mechanism (a mechanism declared in two entries is one)."""
+    out: dict[Mechanism, int] = {}
+    for u in entries:
+        out[u.mechanism] = out.get(u.mechanism, 0) + u.count
+    return out
+
+
 def check_receipt(
     client_id: int,
     round_idx: int,
@@ -336,7 +344,7 @@ def check_receipt(
     """
     got = () if receipt is None else tuple(u for u in receipt.uses if u.count)
     want = tuple(u for u in declared if u.count)
-    if got != want:
+    if _totals(got) != _totals(want):
         raise PrivacyContractError(
             f"client {client_id}, round {round_idx + 1} ({kind} task): charged "
             f"{_describe(want)} but the client half used {_describe(got)}; "

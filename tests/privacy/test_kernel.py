@@ -154,6 +154,8 @@ def test_check_receipt_refuses_any_difference_and_names_client_and_round():
     mech = SubsampledGaussian(1.0, 1.0, 0.1)
     check_receipt(3, 4, "train", (uses(mech, 5),), Receipt((uses(mech, 5),)))
     check_receipt(3, 4, "train", (), None)
+    # the same mechanism in two entries is one total (the session counts on the first)
+    check_receipt(3, 4, "train", (uses(mech, 3), uses(mech, 2)), Receipt((uses(mech, 5),)))
     for got in (Receipt((uses(mech, 10),)), Receipt((uses(mech, 0),)), None):
         with pytest.raises(PrivacyContractError, match=r"client 3, round 5 \(train task\)"):
             check_receipt(3, 4, "train", (uses(mech, 5),), got)
