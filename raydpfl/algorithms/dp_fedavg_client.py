@@ -442,17 +442,26 @@ class DPFedAvgClientLevel(Algorithm):
         return out
 
     # ---- client half -----------------------------------------------------------------------
+    def upload(
+        self, ctx: ClientContext, task: ClientTask, update: Params
+    ) -> tuple[Params, float, float]:
+        """What the client sends from its update Δ: Δ clipped to the round's S (flat or per
+        layer) and, distributed, plus its declared share N(0, σ²S²/K) from its own stream.
+        Returns (the upload, ‖Δ‖, S)."""
+        norm = update_norm(update)
+        clip = float(task.extras.get("update_clip_norm", self.clip_norm))
+        out = clip_update(update, clip, self.clipping == "per_layer")
+        if self.noise == "distributed":  # the declared share, from the client's stream
+            out = privacy_session(ctx, task).get(GaussianShare).add(out)
+        return out, norm, clip
+
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
         """τ non-private SGD steps (FedAvg's client), then clip Δ to S (and, distributed,
         add this client's N(0, σ²S²/K) share from its own stream)."""
         trained = FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
-        norm = update_norm(trained.update)
-        clip = float(task.extras.get("update_clip_norm", self.clip_norm))
-        update = clip_update(trained.update, clip, self.clipping == "per_layer")
-        if self.noise == "distributed":  # the declared share, from the client's stream
-            update = privacy_session(ctx, task).get(GaussianShare).add(update)
+        update, norm, clip = self.upload(ctx, task, trained.update)
         return ClientResult(
             client_id=task.client_id,
             update=update,

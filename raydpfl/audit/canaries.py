@@ -53,7 +53,6 @@ import torch
 from scipy.special import logsumexp
 from torch import nn
 
-from raydpfl.algorithms import dp_fedavg_client as client_level
 from raydpfl.algorithms.base import (
     Algorithm,
     ClientContext,
@@ -422,24 +421,15 @@ class AuditedDPFedAvgClient(DPFedAvgClientLevel):
         raw = {n: torch.zeros_like(p) for n, p in params.items()}
         if self.audit_included[j]:
             raw[PROBE][0, j] = self.audit_update_norm
-        # The real client half after training: clip to S, and (distributed) this client's
-        # noise share from its own stream, as `DPFedAvgClientLevel.local_update` does.
-        norm = client_level.update_norm(raw)
-        update = client_level.clip_update(raw, self.clip_norm, self.clipping == "per_layer")
-        if self.noise == "distributed":
-            assert self.cohort_size is not None
-            std = client_level.distributed_noise_std(
-                self.noise_multiplier, self.clip_norm, self.cohort_size
-            )
-            update = {
-                n: t + client_level.gaussian_like(t, std, ctx.generator) for n, t in update.items()
-            }
+        # The real client half after training: clip to the round's S, and (distributed)
+        # this client's declared noise share from its own stream.
+        update, norm, clip = self.upload(ctx, task, raw)
         return ClientResult(
             client_id=task.client_id,
             update=update,
             weight=1.0,
             num_examples=data.num_examples,
-            metrics={"update_norm": norm, "update_clipped": float(norm > self.clip_norm)},
+            metrics={"update_norm": norm, "update_clipped": float(norm > clip)},
         )
 
     def aggregate_sum(

@@ -113,6 +113,20 @@ def test_record_level_audit_catches_a_broken_mechanism(monkeypatch, broken):
     assert result.epsilon_lower_bound > result.epsilon_claimed
 
 
+def test_client_level_audit_runs_with_distributed_noise():
+    """The canary clients draw their noise share through their tasks' declared mechanism,
+    like every client (drawn beside it, the run was refused: no share in the receipt)."""
+    cfg = copy.deepcopy(CLIENT)
+    options = cfg["experiment"]["algorithm"]["options"]
+    options.pop("client_sampling_rate")
+    options.update(sampling="fixed", noise="distributed")
+    cfg["experiment"]["algorithm"].update(clients_per_round=20, rounds=2, eval_every=2)
+
+    result = audit(cfg, canaries=20, k_plus=5, k_minus=0)
+
+    assert result.unit == "client" and 0.0 <= result.epsilon_lower_bound <= result.epsilon_claimed
+
+
 def test_client_level_audit_of_an_honest_run_stays_below_the_claim():
     result = audit(CLIENT, canaries=100, k_plus=20, k_minus=0)
 
