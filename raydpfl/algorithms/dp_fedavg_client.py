@@ -85,12 +85,14 @@ from raydpfl.privacy.client_level_mechanisms import (  # noqa: F401 (re-exported
     ClientGaussianSum,
     DistributedGaussianSum,
     GaussianShare,
+    add_aggregate_noise,
+    aggregate_noise_std,
+    distributed_noise_std,
     population_charge,
     round_noise_generator,
     round_session,
     update_noise_multiplier,
 )
-from raydpfl.privacy.dpsgd import gaussian_like
 from raydpfl.privacy.kernel import MechanismUse, uses
 
 
@@ -121,27 +123,6 @@ def clip_update(
 def _scaled_into(t: torch.Tensor, bound: float, norm: float) -> torch.Tensor:
     factor = min(1.0, bound / norm) if norm > 0 else 1.0
     return t * factor
-
-
-def aggregate_noise_std(noise_multiplier: float, clip_norm: float) -> float:
-    """σ·S: the std of the Gaussian added once to the sum of clipped updates (Algorithm 1,
-    with the noise on the sum rather than on the mean: z·S/(qW) after the division)."""
-    return noise_multiplier * clip_norm
-
-
-def distributed_noise_std(noise_multiplier: float, clip_norm: float, cohort_size: int) -> float:
-    """σ·S/√K per client: K independent N(0, σ²S²/K) sum to N(0, σ²S²)."""
-    return noise_multiplier * clip_norm / math.sqrt(cohort_size)
-
-
-def add_aggregate_noise(
-    total: Mapping[str, torch.Tensor], std: float, generator: torch.Generator
-) -> dict[str, torch.Tensor]:
-    """Σ + z with z ~ N(0, std² I), drawn tensor by tensor in `total`'s order through
-    `gaussian_like` (so secure-noise mode applies to it)."""
-    if std == 0:
-        return {n: t.clone() for n, t in total.items()}
-    return {n: t + gaussian_like(t, std, generator) for n, t in total.items()}
 
 
 def dp_fedavg_update(

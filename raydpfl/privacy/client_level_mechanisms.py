@@ -70,7 +70,7 @@ from raydpfl.privacy.kernel import (
     PrivacyContractError,
     PrivacySession,
     Receipt,
-    _real,
+    _set_reals,
 )
 
 Params = dict[str, torch.Tensor]
@@ -176,7 +176,18 @@ def tree_node_for(t: int) -> tuple[int, int]:
     return level, (t >> level) - 1
 
 
-def _noisy(total: Mapping[str, torch.Tensor], std: float, generator: Any) -> Params:
+def aggregate_noise_std(noise_multiplier: float, clip_norm: float) -> float:
+    """σ·S: the std of the Gaussian added once to the sum of clipped updates (McMahan et
+    al. 2018, Algorithm 1, with the noise on the sum rather than on the mean)."""
+    return noise_multiplier * clip_norm
+
+
+def distributed_noise_std(noise_multiplier: float, clip_norm: float, cohort_size: int) -> float:
+    """σ·S/√K per client: K independent N(0, σ²S²/K) sum to N(0, σ²S²)."""
+    return noise_multiplier * clip_norm / math.sqrt(cohort_size)
+
+
+def add_aggregate_noise(total: Mapping[str, torch.Tensor], std: float, generator: Any) -> Params:
     """Σ + z with z ~ N(0, std² I), tensor by tensor in `total`'s order (`gaussian_like`,
     so secure-noise mode applies); std 0 draws nothing."""
     if std == 0:
@@ -230,10 +241,8 @@ class ClientGaussianSum(PopulationMechanism):
     cohort_size: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _real("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(self, "clip_norm", _real("clip_norm", self.clip_norm, strict=True))
+        _set_reals(self, "noise_multiplier")
+        _set_reals(self, "clip_norm", strict=True)
         if self.sampling not in ("poisson", "fixed"):
             raise ValueError(f"sampling must be poisson or fixed, got {self.sampling!r}")
         self.cost(1)  # validates N, q, K (ValueError naming the field)
@@ -246,7 +255,7 @@ class ClientGaussianSum(PopulationMechanism):
     @property
     def noise_std(self) -> float:
         """The std of the noise on the sum: σ·S (z_Δ·S with adaptive clipping)."""
-        return self.update_noise_multiplier * self.clip_norm
+        return aggregate_noise_std(self.update_noise_multiplier, self.clip_norm)
 
     def cost(self, invocations: int) -> ClientLevelCost:
         return _sampled_cost(
@@ -274,7 +283,7 @@ class AdaptiveClipGaussianSum(ClientGaussianSum):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "count_stddev", _real("count_stddev", self.count_stddev))
+        _set_reals(self, "count_stddev")
         update_noise_multiplier(self.noise_multiplier, self.count_stddev)  # σ_b > σ/2
 
     @property
@@ -299,10 +308,8 @@ class GaussianShare(Mechanism):
     cohort_size: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _real("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(self, "clip_norm", _real("clip_norm", self.clip_norm, strict=True))
+        _set_reals(self, "noise_multiplier")
+        _set_reals(self, "clip_norm", strict=True)
         k = self.cohort_size
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"cohort_size must be an int >= 1, got {k!r}")
@@ -310,7 +317,7 @@ class GaussianShare(Mechanism):
     @property
     def noise_std(self) -> float:
         """σ·S/√K: K independent shares sum to N(0, σ²S²)."""
-        return self.noise_multiplier * self.clip_norm / math.sqrt(self.cohort_size)
+        return distributed_noise_std(self.noise_multiplier, self.clip_norm, self.cohort_size)
 
     def cost(self, invocations: int) -> None:  # type: ignore[override]
         """None: charged with its sum, at the population level."""
@@ -334,10 +341,8 @@ class DistributedGaussianSum(PopulationMechanism):
     cohort_size: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _real("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(self, "clip_norm", _real("clip_norm", self.clip_norm, strict=True))
+        _set_reals(self, "noise_multiplier")
+        _set_reals(self, "clip_norm", strict=True)
         self.cost(1)
 
     @property
@@ -378,10 +383,8 @@ class TreeAggregationRelease(PopulationMechanism):
     round_in_tree: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "noise_multiplier", _real("noise_multiplier", self.noise_multiplier)
-        )
-        object.__setattr__(self, "clip_norm", _real("clip_norm", self.clip_norm, strict=True))
+        _set_reals(self, "noise_multiplier")
+        _set_reals(self, "clip_norm", strict=True)
         self._tree_cost(1)  # validates N, K, T
         if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {self.epoch!r}")
@@ -438,7 +441,7 @@ class LiveGaussianSum(LivePopulationMechanism):
         """Σ + N(0, σ²S²): a new mapping (the inputs are not modified)."""
         self.count += 1
         gen = self.streams.round(NOISE_PURPOSE)
-        return _noisy(clipped_sum, self.mechanism.noise_std, gen)
+        return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
 
 
 class LiveAdaptiveClipSum(LivePopulationMechanism):
@@ -462,7 +465,7 @@ class LiveAdaptiveClipSum(LivePopulationMechanism):
             )
         self._open = True
         gen = self.streams.round(NOISE_PURPOSE)
-        return _noisy(clipped_sum, self.mechanism.noise_std, gen)
+        return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
 
     def noisy_count(self) -> float:
         """One N(0, σ_b²) draw for Σ_k (b_k − ½); closes the invocation."""

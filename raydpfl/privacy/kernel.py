@@ -40,8 +40,6 @@ Mechanisms (unit: one record of one client, add/remove adjacency, unless said):
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -49,6 +47,7 @@ from typing import Any, ClassVar
 import torch
 
 from raydpfl.privacy import secure_noise
+from raydpfl.privacy._checks import _non_negative, _positive
 from raydpfl.privacy.dpsgd import (
     StepStats,
     WeightRule,
@@ -87,21 +86,11 @@ class PrivacyContractError(ValueError):
     did not declare. The run stops: what was released is not what the ledger says."""
 
 
-def _real(name: str, value: Any, *, lower: float = 0.0, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < lower or (strict and value == lower):
-        bound = f"> {lower:g}" if strict else f">= {lower:g}"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return value
-
-
 def _set_reals(mechanism: Mechanism, *names: str, strict: bool = False) -> None:
     """Checks each named field of a frozen mechanism and stores it as a float."""
+    check = _positive if strict else _non_negative  # `raydpfl.privacy._checks`
     for name in names:
-        value = _real(name, getattr(mechanism, name), strict=strict)
-        object.__setattr__(mechanism, name, value)
+        object.__setattr__(mechanism, name, check(getattr(mechanism, name), name))
 
 
 # --------------------------------------------------------------------------------------- #
