@@ -19,8 +19,9 @@ from raydpfl.algorithms import DPFedAvg
 from raydpfl.algorithms import dp_fedavg as dp_fedavg_module
 from raydpfl.algorithms.base import ClientTask, privacy_session
 from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_update
-from raydpfl.privacy.dpsgd import dp_sgd_step_, poisson_sample
+from raydpfl.privacy.dpsgd import dp_sgd_step_
 from raydpfl.privacy.kernel import PrivacyContractError, SubsampledGaussian, uses
+from tests.algorithms.test_local_dp_sgd import _reference_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = [
@@ -186,20 +187,8 @@ def test_a_built_in_release_that_bypasses_its_mechanism_is_caught(monkeypatch):
 
     def bypass(ctx, params, data, task, **_):
         start = {n: p.clone() for n, p in params.items()}
-        for _ in range(task.local_steps):
-            pos = poisson_sample(data.num_examples, task.sampling_rate, ctx.generator)
-            x, y = data.batch(pos)
-            dp_sgd_step_(
-                ctx.clipping,
-                params,
-                x,
-                y,
-                lr=task.lr,
-                clip_norm=task.clip_norm,
-                noise_multiplier=task.noise_multiplier,
-                expected_batch_size=task.sampling_rate * data.num_examples,
-                generator=ctx.generator,
-            )
+        expected = task.sampling_rate * data.num_examples
+        _reference_steps(ctx, params, data, task, lambda batch: expected)
         return raydpfl.algorithms.ClientResult(
             client_id=task.client_id,
             update={n: params[n] - start[n] for n in params},
