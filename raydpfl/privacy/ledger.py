@@ -402,13 +402,7 @@ class PrivacyLedger:
         Raises:
             ValueError: On an invalid ``client_id`` or ``cost``.
         """
-        cid = _check_client_id(client_id)
-        eps_after = self.epsilon_after(cid, cost)
-        budget = self.budget_of(cid)
-        if budget is not None and eps_after > budget:
-            return None
-        self._record(cid, cost, eps_after)
-        return eps_after
+        return self.try_charge_all(client_id, (cost,))
 
     def _epsilon_after_all(self, cid: int, costs: Sequence[PrivacyCost]) -> float:
         node = self._node_of.get(cid, 0)
