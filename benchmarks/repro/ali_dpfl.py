@@ -210,6 +210,7 @@ def run_cell(
     eval_every: int,
     probe: int | None,
     normalizer: str = "expected",
+    mu_estimator: str = "paper",
 ) -> dict:
     """Runs one method on one Fashion-MNIST cell; returns its record."""
     from raydpfl.experiment.build import build_experiment, run_experiment
@@ -222,6 +223,8 @@ def run_cell(
         algo["ali_dpfl"]["mu_probe_size"] = probe
     # A7: the authors' code divides by a fixed 64, not by the batch size.
     algo["ali_dpfl"]["normalizer"] = normalizer
+    # A9: how μ is measured (the paper's Eq. 12 estimate, or the authors' code's).
+    algo["ali_dpfl"]["mu_estimator"] = mu_estimator
     r_c, r_s = cell.budgets()
     if name == "pe_dpfl":
         # z calibrated so that min(R_s, ⌊R_c/3⌋) full-batch releases fit the budget.
@@ -230,12 +233,15 @@ def run_cell(
     raw["runtime"].update(seed=seed, progress=False)
     exp = build_experiment(config_from_dict(raw))
     t0 = time.perf_counter()
-    summary = run_experiment(exp, None)
+    taus: list[int] = []
+    summary = run_experiment(exp, None, on_round=lambda row: taus.append(int(row.get("tau", tau))))
     return {
         "cell": cell.key,
         "method": method,
         "seed": seed,
         "normalizer": normalizer,
+        "mu_estimator": mu_estimator,
+        "taus": taus,
         "eval_every": eval_every,
         "R_c": r_c,
         "R_s": r_s,
@@ -262,6 +268,8 @@ def record_row(rec: dict, args: argparse.Namespace) -> None:
         variant.append(f"normalizer={args.normalizer}")
     if args.mu_probe_size is not None and name == "ali_dpfl":
         variant.append(f"mu_probe_size={args.mu_probe_size}")
+    if args.mu_estimator != "paper" and name == "ali_dpfl":
+        variant.append(f"mu_estimator={args.mu_estimator}")
     _record.record(
         paper="ali_dpfl",
         table=table_,
@@ -283,7 +291,9 @@ def record_row(rec: dict, args: argparse.Namespace) -> None:
         extra={
             k: rec[k]
             for k in ("final_accuracy", "iterations", "R_c", "R_s", "epsilon_ledger", "eval_every")
-        },
+        }
+        # ALI-DPFL's τ per round (the paper's Fig. 4 plots it); fixed-τ rows need none.
+        | ({"taus": rec["taus"]} if name == "ali_dpfl" else {}),
     )
 
 
@@ -318,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["expected", "actual", "fixed"],
         help="DP-SGD divisor (A7): q*|D_i| (default), the batch size, or 64 (authors' code)",
     )
+    p.add_argument(
+        "--mu-estimator",
+        default="paper",
+        choices=["paper", "code_torch", "code_mindspore"],
+        help="ALI-DPFL's mu (A9): the paper's estimate, or the authors' PyTorch/MindSpore code's",
+    )
     _record.add_record_args(p)
     args = p.parse_args(argv)
     _record.check_tree(args)
@@ -350,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.eval_every,
                     args.mu_probe_size,
                     args.normalizer,
+                    args.mu_estimator,
                 )
                 records.append(rec)
                 _record.append_json(RESULTS, rec)
