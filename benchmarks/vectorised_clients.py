@@ -49,7 +49,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "vectorised_clients.json"
 
 def _small_cnn_name() -> str:
     """W3's 4,266-parameter CNN: ``mnist_cnn`` once registered, else ``bcs_mnist_cnn``."""
-    import raydpfl.models.dpfl_bcs  # noqa: F401  (registers the DPFL-BCS models)
+    import raydpfl.papers.dpfl_bcs.models  # noqa: F401  (registers the DPFL-BCS models)
 
     try:
         build_model("mnist_cnn", (1, 28, 28), 10)

@@ -40,8 +40,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import raydpfl.algorithms.ali_dpfl as ali_dpfl  # noqa: E402
 import raydpfl.algorithms.dp_fedavg as dp_fedavg  # noqa: E402
+import raydpfl.papers.ali_dpfl.algorithm as ali_dpfl  # noqa: E402
 from raydpfl.config import config_from_dict  # noqa: E402
 from raydpfl.experiment.build import build_experiment, run_experiment  # noqa: E402
 from raydpfl.privacy.dpsgd import dp_sgd_gradient  # noqa: E402

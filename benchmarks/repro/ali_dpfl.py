@@ -33,8 +33,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from raydpfl.algorithms.ali_dpfl_theory import iteration_budget  # noqa: E402
 from raydpfl.config import config_from_dict  # noqa: E402
+from raydpfl.papers.ali_dpfl.theory import iteration_budget  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _record  # noqa: E402
@@ -268,7 +268,7 @@ def record_row(rec: dict, args: argparse.Namespace) -> None:
         variant.append(f"normalizer={args.normalizer}")
     if args.mu_probe_size is not None and name == "ali_dpfl":
         variant.append(f"mu_probe_size={args.mu_probe_size}")
-    if args.mu_estimator != "paper" and name == "ali_dpfl":
+    if getattr(args, "mu_estimator", "paper") != "paper" and name == "ali_dpfl":
         variant.append(f"mu_estimator={args.mu_estimator}")
     _record.record(
         paper="ali_dpfl",

@@ -99,8 +99,8 @@ def analytic(args: argparse.Namespace) -> int:
     for the μ a run measures and each Γ: the paper's fixed 10, the per-partition 5, 1 and
     0 of Table V, and the small values the authors' code estimates (§4.6.2).
     """
-    from raydpfl.algorithms.ali_dpfl_theory import round_tau, tau_star
     from raydpfl.experiment.build import build_experiment
+    from raydpfl.papers.ali_dpfl.theory import round_tau, tau_star
 
     for ratio in args.ratios:
         cell = repro.Cell("study", f"Rc*{ratio}", float(ratio), args.epsilon)

@@ -22,7 +22,7 @@ beside the paper's mean ± std. ``--dataset diabetes`` is the offline stand-in f
 Club (linear regression, test MSE in standardised target units, so not comparable in
 scale with the paper's MSE in %²); N = 10, K = 2, T = 200, T0 = 10 keep the paper's
 K/N = 0.2 and uniform plan T_n = K·T/N = 40 on 354 training records. PRIVATEFL is not run
-on regression (see `raydpfl.experiment.builders.dpfl_bcs`).
+on regression (see `raydpfl.papers.dpfl_bcs.builder`).
 
 Printed: final test accuracy (regression: test MSE) per run; the estimated (ρ̂_min, γ̂, L̂,
 μ̂) at t = T0 next to the paper's Table III; the plan T_n versus each client's budget
@@ -47,8 +47,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from raydpfl.algorithms.dpfl_bcs_theory import TABLE_III  # noqa: E402
 from raydpfl.config import config_from_dict  # noqa: E402
+from raydpfl.papers.dpfl_bcs.theory import TABLE_III  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _record  # noqa: E402
@@ -204,7 +204,7 @@ def write_configs() -> list[Path]:
                 )
                 if algorithm in PRIVATEFL:
                     header += (
-                        "# PRIVATEFL (not from seed; see raydpfl/algorithms/privatefl.py): each\n"
+                        "# PRIVATEFL (not from seed; see raydpfl/papers/dpfl_bcs/privatefl.py): each\n"
                         "# client holds out 20% of its share to score its personalised model.\n"
                     )
                 cfg = preset(dataset, algorithm, mechanism, calibration=calibration)

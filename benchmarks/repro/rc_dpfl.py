@@ -273,7 +273,8 @@ def _references(exp: Any, backend: Any, clusters: np.ndarray, epochs: int, lr: f
 def run_one(setting: str, method: str, eps: float, seed: int, args: argparse.Namespace) -> dict:
     import torch
 
-    from raydpfl.algorithms.rc_dpfl_theory import (
+    from raydpfl.experiment.build import build_experiment, make_local_backend, make_server
+    from raydpfl.papers.rc_dpfl.theory import (
         fairness_accuracy,
         fairness_loss,
         group_accuracies,
@@ -282,7 +283,6 @@ def run_one(setting: str, method: str, eps: float, seed: int, args: argparse.Nam
         max_accuracy_disparity,
         worst_client_accuracy,
     )
-    from raydpfl.experiment.build import build_experiment, make_local_backend, make_server
 
     torch.set_num_threads(args.threads)
     cfg = config_from_dict(_reduce(preset(setting, method, eps), args, seed))

@@ -521,6 +521,14 @@ class Algorithm(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not train groups vectorised")
 
 
+def server_stream(seed: int, round_idx: int, purpose: str) -> np.random.Generator:
+    """A numpy stream of the server half named by (run seed, round, purpose): the same
+    draws however many workers run and in whatever order clients finish (a server half's
+    own randomness, e.g. k-means initialisation, a robust aggregator's tie-breaks)."""
+    tag = sum((i + 1) * ord(ch) for i, ch in enumerate(purpose))
+    return np.random.default_rng(np.random.SeedSequence([int(seed), round_idx + 1, tag]))
+
+
 def uniform_cohort(num_clients: int, cohort_size: int, rng: np.random.Generator) -> list[int]:
     """`cohort_size` distinct clients drawn uniformly without replacement, sorted.
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from raydpfl.config.dpfl_bcs import NAMES as BCS_NAMES
-from raydpfl.config.fedfdp import NAMES as FEDFDP_NAMES
-from raydpfl.config.rc_dpfl import NAMES as RC_NAMES
 from raydpfl.config.schema import Config
+from raydpfl.papers.dpfl_bcs.options import NAMES as BCS_NAMES
+from raydpfl.papers.fedfdp.options import NAMES as FEDFDP_NAMES
+from raydpfl.papers.rc_dpfl.options import NAMES as RC_NAMES
 
 #: experiment.algorithm.<block> → the algorithms that read it (their builders do).
 ALGORITHM_BLOCKS: dict[str, frozenset[str]] = {

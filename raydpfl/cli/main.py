@@ -692,7 +692,7 @@ def _cmd_privacy_noise(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
-    from raydpfl.algorithms.ali_dpfl_theory import iteration_budget
+    from raydpfl.papers.ali_dpfl.theory import iteration_budget
 
     try:
         steps = iteration_budget(

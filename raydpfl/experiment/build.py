@@ -285,7 +285,7 @@ def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
     seed = run_seed if data.seed is None else data.seed
     rng = numpy_rng(seed, NO_ROUND, SERVER, "partition")
     if data.cluster_shift.kind != "none":
-        from raydpfl.experiment.builders.rc_dpfl import load_clustered
+        from raydpfl.papers.rc_dpfl.builder import load_clustered
 
         return load_clustered(data, rng)
     try:

@@ -1,7 +1,5 @@
 """Model zoo (see `raydpfl.models.zoo`)."""
 
-from raydpfl.models import dpfl_bcs as _dpfl_bcs  # noqa: F401  (registers its models)
-from raydpfl.models import rc_dpfl as _rc_dpfl  # noqa: F401  (registers its models)
 from raydpfl.models.zoo import (
     MLP,
     MODELS,
@@ -12,6 +10,8 @@ from raydpfl.models.zoo import (
     num_parameters,
     register_model,
 )
+from raydpfl.papers.dpfl_bcs import models as _dpfl_bcs  # noqa: F401  (registers its models)
+from raydpfl.papers.rc_dpfl import models as _rc_dpfl  # noqa: F401  (registers its models)
 
 __all__ = [
     "MLP",

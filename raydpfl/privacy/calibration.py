@@ -199,6 +199,30 @@ def max_steps_for(
     return largest_feasible_steps(feasible)
 
 
+def bisect_steps_within(
+    eps: Callable[[float], float], target: float, hi: float = 1e5, tolerance: float = 0.01
+) -> int:
+    """The step count the authors' code of ALI-DPFL and FedFDP derives from a budget:
+    bisection over real T on [0, `hi`] until ε(hi) − `target` ≤ `tolerance`, returning
+    int(hi). ε(result) may exceed `target` by up to `tolerance` (the papers' published
+    R_c and T come from it); `largest_feasible_steps` is the version that never overshoots.
+
+    Raises:
+        ValueError: `hi` steps still fit in the budget.
+    """
+    # ALI-DPFL spec §4.7 [CODE]: the intended Algorithm 3 (the seed's version returns 0 at once).
+    if eps(hi) < target:
+        raise ValueError(f"epsilon {target} allows more than {hi:g} iterations")
+    lo = 0.0
+    while eps(hi) - target > tolerance:
+        mid = (lo + hi) / 2
+        if eps(mid) > target:
+            hi = mid
+        else:
+            lo = mid
+    return int(hi)
+
+
 def largest_feasible_steps(feasible: Callable[[int], bool]) -> int:
     """The largest integer T >= 0 with ``feasible(T)``, for a monotone predicate.
 

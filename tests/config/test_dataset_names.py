@@ -3,8 +3,9 @@ test_architecture.py); these tests keep its lists and the data layer's in step."
 
 from typing import get_args
 
-from raydpfl.config import dpfl_bcs, schema
+from raydpfl.config import schema
 from raydpfl.data import datasets
+from raydpfl.papers.dpfl_bcs import options as dpfl_bcs
 
 
 def test_every_loadable_dataset_is_a_valid_config_value_and_synthetic_is_the_only_extra():

@@ -58,16 +58,16 @@ import torch
 from torch import nn
 
 from raydpfl.algorithms.base import ClientTask, WeightedUpdateSum
+from raydpfl.data.federated import FederatedDataset
 from raydpfl.privacy.kernel import (
     ExponentialSelection,
     LaplaceRelease,
     PrivacySession,
     uses,
 )
-from tests.conftest import with_release_scale
-from raydpfl.data.federated import FederatedDataset
 from raydpfl.simulation.seeding import torch_generator
 from raydpfl.simulation.worker import ClientWorker, ModelSpec
+from tests.conftest import with_release_scale
 
 # --------------------------------------------------------------------------------------- #
 # The checking functions
@@ -338,8 +338,8 @@ def dp_fedavg(**kw):
 
 
 def fedfdp(**kw):
-    from raydpfl.algorithms.fedfdp import FedFDP
-    from raydpfl.algorithms.fedfdp_baselines import LossUpload
+    from raydpfl.papers.fedfdp.algorithm import FedFDP
+    from raydpfl.papers.fedfdp.baselines import LossUpload
 
     upload = LossUpload(
         noise_multiplier=2.5,
@@ -500,7 +500,7 @@ def test_dp_sgd_gradient_noise():
 # RC-DPFL's GMM stage: round 1's full-batch DP-SGD updates, the GMM's only input
 # --------------------------------------------------------------------------------------- #
 def rc_dpfl(cls=None, **kw):
-    from raydpfl.algorithms.rc_dpfl import RcDpfl
+    from raydpfl.papers.rc_dpfl.algorithm import RcDpfl
 
     n = kw.pop("num_clients", 6)
     args = dict(
@@ -574,7 +574,7 @@ def fedfdp_loss_task(algorithm):
 
 
 def adap_dp_fl(**kw):
-    from raydpfl.algorithms.adap_dp_fl import AdapDpFl
+    from raydpfl.papers.ali_dpfl.adap_dp_fl import AdapDpFl
 
     args = dict(
         clients_per_round=LOSS_CLIENTS,
@@ -635,7 +635,7 @@ BCS_RECORDS, BCS_CLIP, THETA = 20, 0.6, 1.0  # Θ < ln 10: clipped null-model lo
 
 
 def dpfl_bcs(mechanism: str, *, selection: str = "bcs", n: int = 12, cls=None, **kw):
-    from raydpfl.algorithms.dpfl_bcs import DpflBcs
+    from raydpfl.papers.dpfl_bcs.algorithm import DpflBcs
 
     rng = np.random.default_rng(1)
     args = dict(
@@ -772,7 +772,7 @@ def selection_claim(task: ClientTask, num_records: int, accuracies) -> np.ndarra
 def selections(cls=None, worker_cls=ClientWorker):
     """Every client's private choice in every round: cluster model 0 predicts every record
     right (train accuracy 100%), models 1 and 2 every record wrong (0%)."""
-    from raydpfl.algorithms.rc_dpfl import assign_task
+    from raydpfl.papers.rc_dpfl.algorithm import assign_task
 
     algorithm = rc_dpfl(
         cls, num_clients=SEL_CLIENTS, selection_epsilon=SEL_EPS, selection_rounds=99
@@ -821,7 +821,7 @@ def test_rc_dpfl_private_selection_is_the_exponential_mechanism():
 # PE-DPFL: output perturbation of the clipped update
 # --------------------------------------------------------------------------------------- #
 def pe_dpfl(**kw):
-    from raydpfl.algorithms.pe_dpfl import PeDpfl
+    from raydpfl.papers.ali_dpfl.pe_dpfl import PeDpfl
 
     args = dict(
         clients_per_round=4,
@@ -847,7 +847,9 @@ def test_pe_dpfl_upload_noise():
     for r in range(3):  # 4 clients × 3 rounds = 12 rows (24,000 draws)
         for task in algorithm.plan(r, list(range(4)), np.array(sizes)):
             rows.append(flat(w.run_task(zeros(), task).update))
-            scales.append(task.privacy_cost.noise_multiplier * task.mechanisms[0].mechanism.sensitivity)
+            scales.append(
+                task.privacy_cost.noise_multiplier * task.mechanisms[0].mechanism.sensitivity
+            )
     check_release(Release(np.stack(rows), np.array(scales)), "PE-DPFL upload")
 
 
@@ -1055,7 +1057,7 @@ def test_dpfl_bcs_clipping_bounds_each_contribution(mechanism, order):
 
 def test_fedfdp_loss_clipping_bounds_each_contribution():
     """A one-record, q_l = 1, σ_l = 0 loss release is that record's clip(ℓ) ≤ C_l."""
-    from raydpfl.algorithms.fedfdp_baselines import LossUpload
+    from raydpfl.papers.fedfdp.baselines import LossUpload
 
     upload = LossUpload(
         noise_multiplier=0.0,
@@ -1158,7 +1160,9 @@ def own_session(ctx, task: ClientTask):
     from `task` instead of the worker's (on a real run the worker's receipt then shows no
     invocation and the server refuses the result; these drivers skip the server, so the
     noise checks must catch it)."""
-    return dataclasses.replace(ctx, privacy=PrivacySession(task.mechanisms, ctx.generator, ctx.device))
+    return dataclasses.replace(
+        ctx, privacy=PrivacySession(task.mechanisms, ctx.generator, ctx.device)
+    )
 
 
 def quiet(cls):
@@ -1200,7 +1204,7 @@ def test_negative_noise_scaled_by_a_tenth_is_caught():
 
 
 def test_negative_laplace_scaled_by_a_tenth_is_caught():
-    from raydpfl.algorithms.dpfl_bcs import DpflBcs
+    from raydpfl.papers.dpfl_bcs.algorithm import DpflBcs
 
     class QuietBcs(DpflBcs):
         def local_update(self, ctx, params, data, task):
@@ -1238,7 +1242,7 @@ def test_negative_client_level_noise_scaled_by_a_tenth_is_caught():
 
 
 def test_negative_a_greedier_selection_is_caught():
-    from raydpfl.algorithms.rc_dpfl import RcDpfl
+    from raydpfl.papers.rc_dpfl.algorithm import RcDpfl
 
     class Greedy(RcDpfl):  # Gumbel scale / 10 (ε × 10) under the declared charge
         def choose_cluster(self, ctx, params, data, task):

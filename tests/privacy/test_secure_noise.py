@@ -111,7 +111,9 @@ def test_same_seed_gives_the_same_noise_in_research_mode_and_different_in_secure
 def test_research_mode_draws_are_unchanged():
     """The secure branch is a type check only: research streams draw what torch draws."""
     t = torch.zeros(50)
-    assert torch.equal(gaussian_like(t, 2.0, _gen(3)), torch.empty(50).normal_(0, 2, generator=_gen(3)))
+    assert torch.equal(
+        gaussian_like(t, 2.0, _gen(3)), torch.empty(50).normal_(0, 2, generator=_gen(3))
+    )
     assert torch.equal(uniform_draws(50, _gen(3)), torch.rand(50, generator=_gen(3)))
 
 
@@ -122,7 +124,9 @@ def test_the_vectorised_path_draws_secure_noise_too():
     research = MultiClientDPSGD._draw_noise(params, [_gen(1), _gen(2)], 2.0)
     assert secure is not None and again is not None and research is not None
     assert not torch.equal(secure["w"], again["w"])
-    assert torch.equal(research["w"], MultiClientDPSGD._draw_noise(params, [_gen(1), _gen(2)], 2.0)["w"])
+    assert torch.equal(
+        research["w"], MultiClientDPSGD._draw_noise(params, [_gen(1), _gen(2)], 2.0)["w"]
+    )
     assert abs(float(secure["w"].std()) / 2.0 - 1) < 0.05  # 8,000 draws: sd of ratio ~0.008
 
 
@@ -163,12 +167,14 @@ def test_a_two_round_run_with_secure_noise_works_and_says_so(tmp_path):
 
 
 def test_research_mode_says_so_in_the_summary():
-    summary = run_experiment(build_experiment(small_config(experiment__algorithm={"rounds": 1})), None)
+    summary = run_experiment(
+        build_experiment(small_config(experiment__algorithm={"rounds": 1})), None
+    )
     assert summary["privacy"]["noise_source"].startswith("research mode")
 
 
 def test_secure_laplace_has_the_requested_scale():
-    from raydpfl.algorithms.dpfl_bcs import laplace_noise
+    from raydpfl.papers.dpfl_bcs.algorithm import laplace_noise
 
     b = 1.5
     x = laplace_noise(torch.Size([N]), b, SecureGenerator(), "cpu").double()
@@ -178,20 +184,29 @@ def test_secure_laplace_has_the_requested_scale():
     upper = torch.arange(1, n + 1, dtype=torch.float64) / n - cdf
     lower = cdf - torch.arange(0, n, dtype=torch.float64) / n
     assert float(torch.maximum(upper, lower).max()) < KS_BOUND
-    assert x.dtype == torch.float64 and laplace_noise((3,), b, SecureGenerator(), "cpu").dtype == torch.float32
+    assert (
+        x.dtype == torch.float64
+        and laplace_noise((3,), b, SecureGenerator(), "cpu").dtype == torch.float32
+    )
     # research mode: the client's stream, reproducible
-    assert torch.equal(laplace_noise((9,), b, _gen(4), "cpu"), laplace_noise((9,), b, _gen(4), "cpu"))
+    assert torch.equal(
+        laplace_noise((9,), b, _gen(4), "cpu"), laplace_noise((9,), b, _gen(4), "cpu")
+    )
 
 
 def test_algorithm_noise_outside_dp_sgd_is_secure_too():
     """DPFL-BCS's Gaussian and FedFDP's noisy loss draw through the same functions."""
-    from raydpfl.algorithms.fedfdp_theory import private_mean_loss
+    from raydpfl.papers.fedfdp.theory import private_mean_loss
 
     losses = torch.ones(10)
 
     def noisy_mean_loss(losses, clip, sigma, denominator, generator):
         return private_mean_loss(
-            losses, clip_bound=clip, noise_multiplier=sigma, denominator=denominator, generator=generator
+            losses,
+            clip_bound=clip,
+            noise_multiplier=sigma,
+            denominator=denominator,
+            generator=generator,
         )
 
     research = [noisy_mean_loss(losses, 1.0, 1.0, 10.0, _gen(5)) for _ in range(2)]

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raydpfl.algorithms.fedfdp_theory import fair_clip_weights
+from raydpfl.papers.fedfdp.theory import fair_clip_weights
 from raydpfl.privacy.bookkeeping import BookkeepingClipping
 from raydpfl.privacy.dpsgd import (
     LossWeightRule,

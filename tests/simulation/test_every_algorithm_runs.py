@@ -16,8 +16,8 @@ import torch
 
 from raydpfl.config import ConfigError, config_from_dict, schema
 from raydpfl.experiment.build import build_experiment, make_local_backend, make_server
-from tests.algorithms.dpfl_bcs_helpers import bcs_config
 from tests.conftest import small_config
+from tests.papers.dpfl_bcs.dpfl_bcs_helpers import bcs_config
 
 DEVICE = os.environ.get("RAYDPFL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 ALGORITHMS = get_args(schema.AlgorithmName)

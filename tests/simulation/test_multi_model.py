@@ -14,7 +14,7 @@ from raydpfl.algorithms.multi_model import (
 )
 from raydpfl.config import config_from_dict
 from raydpfl.experiment.build import build_experiment, make_local_backend, run_experiment
-from raydpfl.experiment.builders.rc_dpfl import ClusteredDataset
+from raydpfl.papers.rc_dpfl.builder import ClusteredDataset
 from raydpfl.simulation.outputs import model_sha256
 
 
@@ -90,7 +90,7 @@ def test_worker_starts_each_task_from_its_model_and_scores_clients_with_theirs()
     assert mixed == alone
 
     # model_key="*" hands the client half every model (read-only), here to pick a cluster.
-    from raydpfl.algorithms.rc_dpfl import assign_task
+    from raydpfl.papers.rc_dpfl.algorithm import assign_task
 
     task = assign_task(0, 0, None)
     assert task.model_key == ALL_MODELS and task.privacy_cost is None

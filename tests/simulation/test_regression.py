@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from raydpfl.algorithms.base import ClientContext, ClientData
-from raydpfl.algorithms.dpfl_bcs import DpflBcs
-from tests.conftest import with_release_scale
 from raydpfl.config import ConfigError, config_from_dict, load_config
 from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.models import build_model
+from raydpfl.papers.dpfl_bcs.algorithm import DpflBcs
 from raydpfl.simulation.evaluation import evaluate
-from tests.algorithms.dpfl_bcs_helpers import bcs_config
+from tests.conftest import with_release_scale
+from tests.papers.dpfl_bcs.dpfl_bcs_helpers import bcs_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -317,7 +317,7 @@ def test_a_run_killed_in_its_first_round_resumes_from_its_start_checkpoint(tmp_p
 # ---- 4. heterogeneous budgets: a pair some client has -------------------------------------
 def test_heterogeneous_budgets_report_the_max_epsilon_with_that_clients_delta(capsys):
     from raydpfl.cli.main import _print_summary
-    from tests.algorithms.dpfl_bcs_helpers import bcs_config
+    from tests.papers.dpfl_bcs.dpfl_bcs_helpers import bcs_config
 
     raw = bcs_config(
         "dpfl_bcs", experiment__algorithm__dpfl_bcs={"delta_min": 1e-6, "delta_max": 1e-4}

@@ -21,8 +21,8 @@ from raydpfl.experiment.build import (
     run_experiment,
 )
 from raydpfl.simulation.outputs import CHECKPOINT_DIR, TENSORS_KEY, RunWriter
-from tests.algorithms.dpfl_bcs_helpers import bcs_config
 from tests.conftest import small_config
+from tests.papers.dpfl_bcs.dpfl_bcs_helpers import bcs_config
 
 #: The interrupted run checkpoints every 2 rounds and "crashes" after round 3, so the
 #: resume restores round 2's checkpoint and replays round 3 (checked against its charges).

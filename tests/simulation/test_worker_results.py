@@ -3,7 +3,7 @@
 import torch
 
 from raydpfl.algorithms.base import ClientResult
-from raydpfl.algorithms.privatefl import PrivateFlResult
+from raydpfl.papers.dpfl_bcs.privatefl import PrivateFlResult
 from raydpfl.simulation.worker import result_on_host
 
 

@@ -1,0 +1,305 @@
+"""Builds the rc_dpfl algorithms from `experiment.algorithm.rc_dpfl` and the
+cluster-structured data of `experiment.data.cluster_shift` (see `raydpfl.papers.rc_dpfl.options`).
+
+Privacy calibration (per client i, N_i = |D_i|, q_i = b/N_i, T_i = K·⌈N_i/b⌉ steps/round):
+
+- ``rc_dpfl``: z_i = `two_stage_noise_multiplier` on the history (z, 1, K) + (z, q_i,
+  (E−1)·T_i) [+ the private selections], bisection to the budget ε (§5.2);
+- the baselines: z_i = `noise_multiplier_for(ε, δ, q_i, E·T_i)` (single stage).
+
+Both use the ledger's accountant, so the ε the ledger reports is ε(z_i) ≤ budget. A fixed
+`experiment.privacy.noise_multiplier` is used as is, if its planned ε fits the budget.
+`experiment.privacy.sampling_rate` and `experiment.algorithm.local_steps` are not used
+(the rate is b/N_i and a round is K epochs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from raydpfl.algorithms.base import Algorithm
+from raydpfl.config.schema import Config, ConfigError, DataConfig
+from raydpfl.data.cluster_shift import make_cluster_shift
+from raydpfl.data.datasets import load_dataset
+from raydpfl.data.federated import FederatedDataset
+from raydpfl.papers.rc_dpfl.algorithm import RcDpfl
+from raydpfl.papers.rc_dpfl.baselines import (
+    ClusteredDPFedAvg,
+    IfcaCDPFL,
+    KMeansCDPFL,
+    LocalDPSGD,
+    MrMtl,
+    OracleCDPFL,
+)
+from raydpfl.papers.rc_dpfl.theory import (
+    steps_per_round,
+    two_stage_epsilon,
+    two_stage_noise_multiplier,
+)
+from raydpfl.privacy.accountants import compute_epsilon
+from raydpfl.privacy.calibration import noise_multiplier_for
+from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed
+
+_CLUSTERED = ("rc_dpfl", "km_cdpfl", "f_cdpfl", "o_cdpfl", "rc_local", "mr_mtl")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClusteredDataset(FederatedDataset):
+    """A `FederatedDataset` that knows each client's true cluster s(i).
+
+    `clusters[i]` is the cluster of client i (cluster k got shift k; see
+    `raydpfl.data.cluster_shift`). Used by the oracle and the clustering-accuracy
+    diagnostics only.
+    """
+
+    clusters: tuple[int, ...] = ()
+
+
+def load_clustered(data: DataConfig, rng: np.random.Generator) -> FederatedDataset:
+    """The federated dataset with cluster structure (`data.cluster_shift.kind != none`)."""
+    cs = data.cluster_shift
+    sizes = cs.sizes
+    if sum(sizes) != data.num_clients:
+        raise ConfigError(
+            "experiment.data.num_clients",
+            f"must equal the sum of cluster_shift.cluster_sizes ({sum(sizes)}), "
+            f"got {data.num_clients}",
+        )
+    if data.dataset == "synthetic":
+        raise ConfigError(
+            "experiment.data.dataset", "cluster_shift needs an image dataset, not synthetic"
+        )
+    arrays = load_dataset(data.dataset, data.root)
+    official = cs.split_mode == "official_train_test"
+    try:
+        built = make_cluster_shift(
+            arrays.x_train,
+            arrays.y_train,
+            shift=cs.kind,  # type: ignore[arg-type]
+            rng=rng,
+            cluster_sizes=sizes,
+            num_classes=arrays.num_classes,
+            samples_per_client=cs.samples_per_client,
+            test_fraction=data.client_test_fraction if not official else 0.2,
+            split_mode=cs.split_mode,
+            x_test=arrays.x_test if official else None,
+            y_test=arrays.y_test if official else None,
+            test_samples_per_client=cs.test_samples_per_client,
+            shuffle_clients=cs.shuffle_clients,
+            name=data.dataset,
+        )
+    except ValueError as e:
+        raise ConfigError("experiment.data.cluster_shift", str(e)) from None
+    fields = {f.name: getattr(built.dataset, f.name) for f in dataclasses.fields(built.dataset)}
+    return ClusteredDataset(**fields, clusters=tuple(int(c) for c in built.clusters))
+
+
+def true_clusters(dataset: FederatedDataset) -> np.ndarray | None:
+    """s(i) when the dataset carries it (`ClusteredDataset`), else None."""
+    clusters = getattr(dataset, "clusters", ())
+    return np.asarray(clusters, dtype=np.int64) if len(clusters) else None
+
+
+def build(
+    config: Config, dataset: FederatedDataset, model: nn.Module
+) -> tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]:
+    """The algorithm named by `config`, its ledger (None if non-private) and metadata."""
+    from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
+
+    exp, rt = config.experiment, config.runtime
+    algo, privacy, rc = exp.algorithm, exp.privacy, exp.algorithm.rc_dpfl
+    sizes = dataset.train_sizes()
+    n = len(sizes)
+    if algo.clients_per_round != n:
+        raise ConfigError(
+            "experiment.algorithm.clients_per_round",
+            f"{algo.name} trains every client every round: set it to num_clients ({n})",
+        )
+    if algo.name in _CLUSTERED and exp.data.client_test_fraction <= 0:
+        raise ConfigError(
+            "experiment.data.client_test_fraction",
+            f"{algo.name} scores each client with its own model: needs client test splits",
+        )
+    clusters = true_clusters(dataset)
+    if algo.name == "o_cdpfl" and clusters is None:
+        raise ConfigError(
+            "experiment.data.cluster_shift.kind", "o_cdpfl needs cluster-structured data"
+        )
+    m = rc.num_clusters
+    if algo.name in ("rc_dpfl", "km_cdpfl", "f_cdpfl") and m > n:
+        raise ConfigError(
+            "experiment.algorithm.rc_dpfl.num_clusters", f"must be <= num_clients ({n})"
+        )
+    if algo.name == "rc_dpfl":
+        _check_gmm_options(rc, n)
+    check_delta(privacy.delta, sizes)
+    gumbel = algo.name == "rc_dpfl" and rc.selection_privacy == "gumbel"
+    if gumbel and privacy.accountant not in ("rdp", "dp_rdp"):
+        raise ConfigError(
+            "experiment.algorithm.rc_dpfl.selection_privacy",
+            f"gumbel selection composes in RDP only; accountant is {privacy.accountant!r}",
+        )
+    sel_rounds = (rc.selection_rounds or math.ceil(0.1 * algo.rounds)) if gumbel else 0
+    sel_eps = rc.selection_epsilon_fraction * privacy.epsilon if gumbel else None
+    zs, planned = _noise_multipliers(
+        config,
+        sizes,
+        two_stage=algo.name == "rc_dpfl",
+        selection_rounds=sel_rounds,
+        selection_epsilon=sel_eps,
+    )
+    common: dict[str, Any] = dict(
+        num_clients=n,
+        lr=algo.lr,
+        clip_norm=privacy.clip_norm,
+        noise_multipliers=zs,
+        batch_size=rc.batch_size,
+        local_epochs=rc.local_epochs,
+        seed=rt.seed,
+        true_clusters=None if clusters is None else clusters.tolist(),
+    )
+    try:
+        algorithm = _make(config, model, common, sel_eps, sel_rounds, clusters)
+    except ValueError as e:
+        raise ConfigError(f"experiment.algorithm.{algo.name}", str(e)) from None
+    ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
+    meta = privacy_metadata(privacy)
+    meta.update(
+        sampling_rate=None,
+        sampling="Poisson at q_i = b/|D_i| (experiment.privacy.sampling_rate is not used)",
+        batch_size=rc.batch_size,
+        local_epochs=rc.local_epochs,
+        noise_multiplier=float(max(zs)),
+        noise_multipliers_per_client=[float(z) for z in zs],
+        noise_calibrated=privacy.noise_multiplier is None,
+        planned_epsilon_max=float(max(planned)),
+        accounting="two_stage (full-batch round 1 + Poisson rounds)"
+        if algo.name == "rc_dpfl"
+        else "single_stage",
+        selection_privacy=rc.selection_privacy if algo.name == "rc_dpfl" else None,
+        selection_epsilon=sel_eps,
+        selection_rounds=sel_rounds,
+        true_clusters=None if clusters is None else clusters.tolist(),
+    )
+    return algorithm, ledger, meta
+
+
+def _check_gmm_options(rc: Any, n: int) -> None:
+    if rc.gmm_feature_space == "pca" and rc.d_pca > n - 1:
+        raise ConfigError(
+            "experiment.algorithm.rc_dpfl.d_pca", f"must be <= num_clients - 1 ({n - 1})"
+        )
+    if rc.select_num_clusters == "mss" and n < 3:
+        raise ConfigError(
+            "experiment.algorithm.rc_dpfl.select_num_clusters", "mss needs at least 3 clients"
+        )
+
+
+def _noise_multipliers(
+    config: Config,
+    sizes: np.ndarray,
+    *,
+    two_stage: bool,
+    selection_rounds: int,
+    selection_epsilon: float | None,
+) -> tuple[list[float], list[float]]:
+    """z_i per client and the ε each would have spent after all rounds."""
+    exp = config.experiment
+    privacy, rc, rounds = exp.privacy, exp.algorithm.rc_dpfl, exp.algorithm.rounds
+    cache: dict[int, tuple[float, float]] = {}
+    for size in sorted({int(s) for s in sizes}):
+        b = min(rc.batch_size, size)
+        kw: dict[str, Any] = dict(
+            local_epochs=rc.local_epochs, total_rounds=rounds, accountant=privacy.accountant
+        )
+        if selection_rounds:
+            kw.update(selection_rounds=selection_rounds, selection_epsilon=selection_epsilon)
+        try:
+            if two_stage:
+                z = privacy.noise_multiplier
+                if z is None:
+                    z = two_stage_noise_multiplier(privacy.epsilon, privacy.delta, size, b, **kw)
+                eps = two_stage_epsilon(z, privacy.delta, size, b, **kw)
+            else:
+                steps = rounds * steps_per_round(size, b, rc.local_epochs)
+                z = privacy.noise_multiplier
+                if z is None:
+                    z = noise_multiplier_for(
+                        privacy.epsilon, privacy.delta, b / size, steps, privacy.accountant
+                    )
+                eps = compute_epsilon([(z, b / size, steps)], privacy.delta, privacy.accountant)
+        except ValueError as e:
+            raise ConfigError("experiment.privacy", f"cannot calibrate sigma: {e}") from None
+        if eps > privacy.epsilon * (1 + 1e-9):
+            raise ConfigError(
+                "experiment.privacy.noise_multiplier",
+                f"sigma={z} spends epsilon={eps:.4g} > budget {privacy.epsilon} over "
+                f"{rounds} rounds for a client with {size} records; use null to calibrate",
+            )
+        cache[size] = (float(z), float(eps))
+    return [cache[int(s)][0] for s in sizes], [cache[int(s)][1] for s in sizes]
+
+
+def _make(
+    config: Config,
+    model: nn.Module,
+    common: dict[str, Any],
+    sel_eps: float | None,
+    sel_rounds: int,
+    clusters: np.ndarray | None,
+) -> Algorithm:
+    exp, rt = config.experiment, config.runtime
+    algo, rc = exp.algorithm, exp.algorithm.rc_dpfl
+    name = algo.name
+    if name == "rc_dpfl":
+        return RcDpfl(
+            num_models=rc.num_clusters,
+            rounds=algo.rounds,
+            gmm_stage_rounds=rc.gmm_stage_rounds,
+            select_num_clusters=rc.select_num_clusters,
+            feature_space=rc.gmm_feature_space,
+            d_pca=rc.d_pca,
+            scaler=rc.scaler,
+            round1_init=rc.round1_init,
+            selection_epsilon=sel_eps,
+            selection_rounds=sel_rounds,
+            **common,
+        )
+    if name == "rc_dp_fedavg":
+        return ClusteredDPFedAvg(**common)
+    if name == "o_cdpfl":
+        assert clusters is not None
+        return OracleCDPFL(clusters=clusters.tolist(), **common)
+    if name == "rc_local":
+        return LocalDPSGD(**common)
+    if name == "mr_mtl":
+        return MrMtl(reg_weight=rc.mr_mtl_lambda, **common)
+    if name == "km_cdpfl":
+        return KMeansCDPFL(num_models=rc.num_clusters, features=rc.kmeans_features, **common)
+    if name == "f_cdpfl":
+        return IfcaCDPFL(init_models=_random_inits(model, rc.num_clusters, rt.seed), **common)
+    raise ConfigError("experiment.algorithm.name", f"{name!r} is not an rc_dpfl algorithm")
+
+
+def _random_inits(model: nn.Module, count: int, seed: int) -> list[dict[str, torch.Tensor]]:
+    """M independent initialisations of `model`'s architecture (f-CDPFL, §6.14): model 0 is
+    the run's θ^init, model m > 0 re-initialised on its own seeded stream."""
+    import copy
+
+    out = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+    for m in range(1, count):
+        fresh = copy.deepcopy(model)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, NO_ROUND, SERVER, f"f_cdpfl_init_{m}"))
+            for module in fresh.modules():
+                if hasattr(module, "reset_parameters") and module is not fresh:
+                    module.reset_parameters()
+        out.append({n: p.detach().clone() for n, p in fresh.named_parameters()})
+    return out
