@@ -207,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = dict(zip(names, found, strict=True))
     args.out.write_text(json.dumps(rows, indent=1))
     before = json.loads(args.compare.read_text()) if args.compare else {}
+    if "after" in before and isinstance(before["after"], dict):
+        # A committed record (benchmarks/results/preset_hashes-*.json) nests the hashes
+        # under before/after; compare with the later. A plain --out file is flat.
+        before = before["after"]
+    if args.compare and not set(rows) & set(before):
+        p.error(f"{args.compare} holds none of these cases: nothing would be compared")
     differ = 0
     for name, row in rows.items():
         if "error" in row:

@@ -1,10 +1,10 @@
 """What `raydpfl validate` prints: the resolved config, cut to the sections in use.
 
-Every config carries every paper's options block (ALI-DPFL, FedFDP, DPFL-BCS, ...), so
-the full tree is 170+ lines of which a run reads a few dozen. A section is left out only
-when the run does not read it *and* it holds nothing but defaults, so the printed YAML
-still loads back to the same config; a block the user set but the algorithm ignores stays
-visible (printing it is how they notice).
+Every config carries every core data block (synthetic, cluster_shift) and the registered
+entries' ``options``; a section is left out only when the run does not read it *and* it
+holds nothing but defaults, so the printed YAML still loads back to the same config; a
+block the user set but the run ignores stays visible (printing it is how they notice). A
+seed paper's options are its algorithm's resolved ``options`` (its section folded in).
 """
 
 from __future__ import annotations
@@ -16,19 +16,6 @@ from typing import Any
 import yaml
 
 from raydpfl.config.schema import Config
-from raydpfl.papers.dpfl_bcs.options import NAMES as BCS_NAMES
-from raydpfl.papers.fedfdp.options import NAMES as FEDFDP_NAMES
-from raydpfl.papers.rc_dpfl.options import NAMES as RC_NAMES
-
-#: experiment.algorithm.<block> → the algorithms that read it (their builders do).
-ALGORITHM_BLOCKS: dict[str, frozenset[str]] = {
-    "ali_dpfl": frozenset({"ali_dpfl", "dp_fedavg_fixed_tau"}),
-    "pe_dpfl": frozenset({"pe_dpfl"}),
-    "adap_dp_fl": frozenset({"adap_dp_fl"}),
-    "fedfdp": frozenset(FEDFDP_NAMES),
-    "dpfl_bcs": frozenset(BCS_NAMES),
-    "rc_dpfl": frozenset(RC_NAMES),
-}
 
 #: experiment.data.<block> → whether the run reads it, given the data section.
 DATA_BLOCKS: dict[str, Callable[[Any], bool]] = {
@@ -50,9 +37,6 @@ def config_in_use(config: Config) -> tuple[dict[str, Any], list[str]]:
             del node[key]
             hidden.append(f"experiment.{section}.{key}")
 
-    name = config.experiment.algorithm.name
-    for block, users in ALGORITHM_BLOCKS.items():
-        drop("algorithm", block, name in users)
     for block, used in DATA_BLOCKS.items():
         drop("data", block, used(config.experiment.data))
     for section in ("data", "model", "algorithm"):  # registered entries' options only

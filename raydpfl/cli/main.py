@@ -561,6 +561,19 @@ def _load(args: argparse.Namespace):
     return load_config(args.config, args.overrides)
 
 
+def _unread_sections(args: argparse.Namespace) -> list[str]:
+    """The option sections the config file (with its overrides) gives for algorithms other
+    than the one it runs: validated, then left out of the resolved config."""
+    from raydpfl.config.load import apply_override, read_yaml
+    from raydpfl.config.schema import unread_sections
+
+    raw = read_yaml(Path(args.config))
+    for item in args.overrides:
+        apply_override(raw, item)
+    algorithm = (raw.get("experiment") or {}).get("algorithm") if isinstance(raw, dict) else None
+    return [f"experiment.algorithm.{k}" for k in unread_sections(algorithm)]
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from raydpfl.cli.config_view import render
     from raydpfl.experiment.build import NOT_CHECKED_BEFORE_LOADING, build_experiment, preflight
@@ -589,6 +602,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(
             f"# not shown (unused by {config.experiment.algorithm.name}, all defaults; "
             f"--all prints them): {', '.join(hidden)}"
+        )
+    unread = _unread_sections(args)
+    if unread:
+        print(
+            f"# checked, not read by {config.experiment.algorithm.name} (another "
+            f"algorithm's options): {', '.join(unread)}"
         )
     print(f"# ok: {args.config} is valid ({checked})", file=sys.stderr)
     return 0

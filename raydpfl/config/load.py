@@ -10,23 +10,16 @@ converter accepts numeric strings for float fields so configs behave as people e
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
-import types
-import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import yaml
 
+from raydpfl.config._mapping import _deep_copy, from_mapping
 from raydpfl.config.schema import Config, ConfigError
 
-T = TypeVar("T")
-
-#: Largest integer a config takes (int32: counts and sizes become index arrays).
-MAX_INT = 2**31 - 1
 #: Top-level sections of `experiment` that overrides may name without the prefix.
 _EXPERIMENT_KEYS = {f.name for f in dataclasses.fields(Config().experiment)}
 
@@ -197,108 +190,3 @@ def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 def dump_config(config: Config) -> str:
     """The resolved config as YAML (loads back to an equal tree)."""
     return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
-
-
-def from_mapping(cls: type[T], data: Any, path: str) -> T:
-    """Strictly converts a mapping into dataclass `cls`; errors carry the dotted path."""
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(path, f"must be a mapping, got {_type_name(data)}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        raise ConfigError(where, f"unknown key; allowed here: {', '.join(fields)}")
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for name in fields:
-        if name in data:
-            kwargs[name] = _convert(hints[name], data[name], _join(path, name))
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise (e.under(path) if path else e) from None
-
-
-def _convert(tp: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise ConfigError(path, "must not be null")
-        non_none = [a for a in args if a is not type(None)]
-        return _convert(non_none[0], value, path)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if isinstance(value, bool) and {"on", "off"} <= set(allowed):
-            # YAML 1.1 reads unquoted on/off as booleans: take them as the words written.
-            value = "on" if value else "off"
-        if value not in allowed:
-            raise ConfigError(
-                path, f"must be one of {', '.join(map(str, allowed))}; got {value!r}"
-            )
-        return value
-    if dataclasses.is_dataclass(tp):
-        return from_mapping(tp, value, path)
-    if origin is dict:  # a free-form mapping (a registered entry's options), checked later
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(path, f"must be a mapping of names to values, got {value!r}")
-        return _deep_copy(dict(value))
-    if value is None:
-        raise ConfigError(path, f"must be {_type_word(tp)}, got null")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(path, f"must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            if abs(value) > MAX_INT:
-                raise ConfigError(path, f"must be at most {MAX_INT} in size, got {value}")
-            return value
-        raise ConfigError(path, f"must be an integer, got {value!r}")
-    if tp is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                number = float(value)
-        if number is None:
-            raise ConfigError(path, f"must be a number, got {value!r}")
-        if not math.isfinite(number):
-            raise ConfigError(path, f"must be a finite number, got {value!r}")
-        return number
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(path, f"must be a string, got {value!r}")
-    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not user input
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _type_word(tp: Any) -> str:
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
-        tp, str(tp)
-    )
-
-
-def _type_name(value: Any) -> str:
-    return "a list" if isinstance(value, list) else type(value).__name__
-
-
-def _deep_copy(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _deep_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_deep_copy(v) for v in value]
-    return value

@@ -36,10 +36,10 @@ REGENERATE = "python -m raydpfl.config.reference > docs/config-reference.md"
 
 #: Keys checked against a catalogue rather than a Literal: built-in names, plus any name
 #: registered through `raydpfl.register_*` or an entry point.
-NAME_CATALOGUES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "experiment.data.dataset": ("dataset", schema.BUILTIN_DATASETS),
-    "experiment.model.name": ("model", schema.BUILTIN_MODELS),
-    "experiment.algorithm.name": ("algorithm", schema.BUILTIN_ALGORITHMS),
+NAME_CATALOGUES: dict[str, str] = {
+    "experiment.data.dataset": "dataset",
+    "experiment.model.name": "model",
+    "experiment.algorithm.name": "algorithm",
 }
 
 
@@ -133,7 +133,8 @@ def _allowed(path: str, hint: Any, ranges: list[str]) -> str:
     if choices:
         return ", ".join(_code(v) for v in [*choices, *([None] if nullable else [])])
     if path in NAME_CATALOGUES:
-        kind, names = NAME_CATALOGUES[path]
+        kind = NAME_CATALOGUES[path]
+        names = schema.shipped_names(kind)  # type: ignore[arg-type]
         return f"built in: {', '.join(_code(n) for n in names)}; or a registered {kind}"
     rule = "; ".join(ranges)
     return f"null or {rule}" if rule and nullable and "null" not in rule else rule
@@ -248,7 +249,7 @@ def builtin_option_sections() -> list[Section]:
     from raydpfl import registry
     from raydpfl.config import client_level  # noqa: F401  (registers dp_fedavg_client)
 
-    out = []
+    out = _paper_sections()
     for kind, prefix, selector in (
         ("algorithm", "experiment.algorithm.options", "experiment.algorithm.name"),
         ("model", "experiment.model.options", "experiment.model.name"),
@@ -256,8 +257,11 @@ def builtin_option_sections() -> list[Section]:
     ):
         for name in registry.names(kind):  # type: ignore[arg-type]
             options = registry.get(kind, name).options  # type: ignore[arg-type]
+            entry = registry.get(kind, name)  # type: ignore[arg-type]
             if options is None or not options.__module__.startswith("raydpfl."):
                 continue  # none, or a third party's
+            if entry.section is not None:
+                continue  # a seed paper's: `_paper_sections`
             for section in config_sections(options, prefix):
                 out.append(
                     Section(
@@ -266,6 +270,33 @@ def builtin_option_sections() -> list[Section]:
                         section.keys,
                     )
                 )
+    return out
+
+
+def _paper_sections() -> list[Section]:
+    """The seed papers' option sections (`experiment.algorithm.<section>`, the spelling
+    their presets use), one per section with the algorithms that read it."""
+    from raydpfl import registry
+
+    readers: dict[str, list[str]] = {}
+    classes: dict[str, type] = {}
+    for entry in registry.entries("algorithm"):
+        if entry.section is not None and entry.options is not None:
+            readers.setdefault(entry.section, []).append(entry.name)
+            classes[entry.section] = entry.options
+    out = []
+    for key, names in readers.items():
+        listed = ", ".join(f"`{n}`" for n in names)
+        for section in config_sections(classes[key], f"experiment.algorithm.{key}"):
+            out.append(
+                Section(
+                    section.path,
+                    f"Read only when `experiment.algorithm.name` is one of {listed}; the "
+                    "same keys may be written under `experiment.algorithm.options`. "
+                    + section.doc,
+                    section.keys,
+                )
+            )
     return out
 
 
@@ -286,8 +317,9 @@ def render_markdown() -> str:
         "`1e-5` and `1.0e-5` both load as numbers. Sweeps add a `tune:` section (README, "
         '"Sweeps with Ray Tune").',
         "",
-        "Each paper's options have a section of their own under `experiment.algorithm` "
-        "and are read only by that paper's algorithms.",
+        "Each seed paper's options have a section of their own under "
+        "`experiment.algorithm` (or go under `experiment.algorithm.options`) and are read "
+        "only by that paper's algorithms.",
         "",
     ]
     lines += [f"- [`{s.path}`](#{_anchor(s.path)}) ({len(s.keys)})" for s in sections]

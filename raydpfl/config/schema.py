@@ -9,22 +9,15 @@ built; a violation raises `ConfigError` naming the dotted field and what is allo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from raydpfl import registry
 from raydpfl.config._base import ConfigError, _check
-from raydpfl.papers.ali_dpfl.options import NAMES as ALI_ALGORITHMS
-from raydpfl.papers.ali_dpfl.options import AdapDpFlConfig, AliDpflConfig, PeDpflConfig
-from raydpfl.papers.dpfl_bcs.options import DATASET_NAMES as BCS_DATASETS
-from raydpfl.papers.dpfl_bcs.options import MODEL_NAMES as BCS_MODELS
-from raydpfl.papers.dpfl_bcs.options import NAMES as BCS_ALGORITHMS
-from raydpfl.papers.dpfl_bcs.options import DpflBcsConfig, check_task
-from raydpfl.papers.fedfdp.options import NAMES as FEDFDP_ALGORITHMS
-from raydpfl.papers.fedfdp.options import FedFdpConfig
-from raydpfl.papers.rc_dpfl.options import MODEL_NAMES as RC_MODELS
-from raydpfl.papers.rc_dpfl.options import NAMES as RC_ALGORITHMS
-from raydpfl.papers.rc_dpfl.options import ClusterShiftConfig, RcDpflConfig
+from raydpfl.config._mapping import from_mapping
+from raydpfl.config.cluster_shift import ClusterShiftConfig
 
 __all__ = ["ConfigError"]
 
@@ -45,20 +38,102 @@ def _check_name(kind: registry.Kind, name: str, builtins: tuple[str, ...], field
     raise ConfigError(field, f"must be one of {allowed}; got {name!r}{hint}")
 
 
-def _check_options(kind: str, name: str, options: Any, builtins: tuple[str, ...]) -> None:
-    """`options` configures registered entries; a built-in has its own section instead."""
+def _check_options(
+    kind: registry.Kind, name: str, options: Any, builtins: tuple[str, ...]
+) -> None:
+    """`options` configures registered entries that declare an options dataclass; a core
+    built-in takes its settings from its own keys instead."""
+    takes = (
+        name not in builtins
+        and registry.is_registered(kind, name)
+        and registry.get(kind, name).options is not None
+    )
     _check(
-        not options or name not in builtins,
+        not options or takes or name not in builtins,
         "options",
         f"is for registered {kind}s; the built-in {name!r} takes its settings from its "
         "own keys and section",
     )
 
 
-_CORE_DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "digits")
-#: The built-in names (the catalogue a YAML config is checked against without importing
-#: torch); `raydpfl.registry` adds the user's and third-party packages' own.
-BUILTIN_DATASETS: tuple[str, ...] = _CORE_DATASETS + BCS_DATASETS
+def _entry_options(name: str) -> type | None:
+    """The options dataclass of algorithm `name`, or None (unknown names: None)."""
+    if not registry.is_registered("algorithm", name):
+        return None
+    return registry.get("algorithm", name).options
+
+
+def _parse_options(cls: type, raw: Any, path: str) -> Any:
+    return from_mapping(cls, raw, path)
+
+
+def unread_sections(algorithm: Any) -> list[str]:
+    """The option sections in a raw ``experiment.algorithm`` mapping that the algorithm it
+    names does not read (`fold_sections` checks and drops them; `raydpfl validate` says so)."""
+    if not isinstance(algorithm, Mapping):
+        return []
+    name = algorithm.get("name", AlgorithmConfig.name)
+    chosen = registry.get("algorithm", name).section if _entry_options(name) else None
+    sections = {e.section for e in registry.entries("algorithm") if e.section is not None}
+    return [k for k in algorithm if k in sections and k != chosen]
+
+
+def fold_sections(data: Any, path: str) -> Any:
+    """``experiment.algorithm`` with an option section folded into ``options``.
+
+    A registered algorithm may name a section (`raydpfl.registry.Entry.section`): its
+    options may be written ``algorithm: {name: ali_dpfl, ali_dpfl: {gamma: 5}}`` as well
+    as ``options: {gamma: 5}``. The chosen algorithm's section becomes ``options`` (keys
+    given both ways must agree); other algorithms' sections are checked against their
+    own options and dropped (a preset written for one algorithm runs another with
+    ``--set algorithm.name=...``). Errors name the section's own dotted path.
+    """
+    if not isinstance(data, dict):
+        return data
+    sections = {
+        e.section: e.options for e in registry.entries("algorithm") if e.section is not None
+    }
+    present = [k for k in data if k in sections and k != "options"]
+    if not present:
+        return data
+    data = dict(data)
+    name = data.get("name", AlgorithmConfig.name)
+    chosen = registry.get("algorithm", name).section if _entry_options(name) else None
+    for key in present:
+        raw = data.pop(key)
+        _parse_options(sections[key], raw, f"{path}.{key}" if path else key)
+        if key != chosen or not raw:
+            continue
+        given = dict(data.get("options") or {})
+        clash = sorted(k for k in set(raw) & set(given) if raw[k] != given[k])
+        _check(
+            not clash,
+            "options",
+            f"{', '.join(clash)} given twice with different values "
+            f"(options and the section {key})",
+        )
+        data["options"] = {**raw, **given}
+    return data
+
+
+#: The core's names (the catalogue a YAML config is checked against without importing
+#: torch); `raydpfl.registry` adds the seed papers' (`raydpfl.papers`), the user's and
+#: third-party packages' own.
+BUILTIN_DATASETS: tuple[str, ...] = (
+    "synthetic",
+    "mnist",
+    "fashion_mnist",
+    "cifar10",
+    "digits",
+    "diabetes",
+)
+#: Datasets with real-valued targets (MSE loss, test MSE reported).
+REGRESSION_DATASETS: tuple[str, ...] = ("diabetes",)
+#: The registry tag of a model with one real output, or an algorithm with an MSE loss.
+REGRESSION_TAG = "regression"
+#: The registry tag of an algorithm whose server applies one weighted-mean update per
+#: round, and so takes a server optimizer (`experiment.algorithm.server`).
+SERVER_OPTIMIZER_TAG = "server_optimizer"
 DatasetName = Literal[BUILTIN_DATASETS]  # type: ignore[valid-type]
 PartitionKind = Literal[
     "iid",
@@ -71,14 +146,44 @@ PartitionKind = Literal[
     "dirichlet_sizes",
 ]
 CORE_ALGORITHMS = ("fedavg", "dp_fedavg")
-# Each paper's section module names its own algorithms (and models, datasets).
-BUILTIN_ALGORITHMS: tuple[str, ...] = (
-    CORE_ALGORITHMS + ALI_ALGORITHMS + FEDFDP_ALGORITHMS + BCS_ALGORITHMS + RC_ALGORITHMS
-)
-AlgorithmName = Literal[BUILTIN_ALGORITHMS]  # type: ignore[valid-type]
-_CORE_MODELS = ("fedavg_cnn", "logreg", "mlp")
-BUILTIN_MODELS: tuple[str, ...] = _CORE_MODELS + BCS_MODELS + RC_MODELS
-ModelName = Literal[BUILTIN_MODELS]  # type: ignore[valid-type]
+BUILTIN_ALGORITHMS: tuple[str, ...] = CORE_ALGORITHMS
+BUILTIN_MODELS: tuple[str, ...] = ("fedavg_cnn", "logreg", "mlp")
+
+
+def shipped_names(kind: registry.Kind) -> tuple[str, ...]:
+    """Every name of `kind` that ships with raydpfl: the core's and the seed papers'
+    (registered through `raydpfl.registry`'s plugin group), not a user's."""
+    core = {"algorithm": BUILTIN_ALGORITHMS, "model": BUILTIN_MODELS}.get(kind, BUILTIN_DATASETS)
+    return core + tuple(e.name for e in registry.entries(kind) if e.builtin and e.name not in core)
+
+
+def check_task(dataset: str, model: str, algorithm: str) -> None:
+    """Refuses a regression model on a classification dataset and the reverse (the loss, the
+    targets and the reported metric would not match), and a regression dataset with an
+    algorithm without an MSE loss (the registry's `REGRESSION_TAG`). Raises ConfigError
+    naming ``model.name`` or ``algorithm.name`` (under ``experiment.``)."""
+    models = registry.tagged("model", REGRESSION_TAG)
+    if model in models and dataset not in REGRESSION_DATASETS:
+        raise ConfigError(
+            "model.name",
+            f"{model} is a regression model (one output, MSE loss); data.dataset {dataset!r} "
+            f"is a classification dataset; regression datasets: {list(REGRESSION_DATASETS)}",
+        )
+    if dataset in REGRESSION_DATASETS and model not in models:
+        raise ConfigError(
+            "model.name",
+            f"data.dataset {dataset!r} is a regression dataset (real-valued targets); "
+            f"{model} is a classifier; use one of {list(models)}",
+        )
+    algorithms = registry.tagged("algorithm", REGRESSION_TAG)
+    if dataset in REGRESSION_DATASETS and algorithm not in algorithms:
+        raise ConfigError(
+            "algorithm.name",
+            f"{algorithm} has no regression (MSE) loss; data.dataset {dataset!r} needs one of "
+            f"{list(algorithms)}",
+        )
+
+
 AccountantName = Literal["rdp", "prv", "dp_rdp", "pld"]
 BackendName = Literal["ray", "local"]
 DeviceName = Literal["cpu", "cuda", "auto"]
@@ -312,10 +417,12 @@ class ModelConfig:
         _check(self.hidden >= 1, "hidden", "must be >= 1")
 
 
-#: Algorithms whose server applies one weighted-mean update Δ̄ per round and so take a
-#: server optimizer (`experiment.algorithm.server`); client-level DP-FedAvg has its own
-#: (``options.server_optimizer``).
-SERVER_OPTIMIZER_ALGORITHMS = ("fedavg", "dp_fedavg", "fedprox", "dp_fedprox")
+def server_optimizer_algorithms() -> tuple[str, ...]:
+    """Algorithms whose server applies one weighted-mean update Δ̄ per round and so take a
+    server optimizer (`experiment.algorithm.server`): FedAvg, DP-FedAvg and those
+    registered with `SERVER_OPTIMIZER_TAG`. Client-level DP-FedAvg has its own
+    (``options.server_optimizer``)."""
+    return ("fedavg", "dp_fedavg", *registry.tagged("algorithm", SERVER_OPTIMIZER_TAG))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -359,19 +466,28 @@ class AlgorithmConfig:
     eval_every: int = 1  # evaluate every k rounds (and always after the last)
     # Also score the global model on every client's test split (clients.parquet).
     evaluate_clients: bool = True
-    ali_dpfl: AliDpflConfig = field(default_factory=AliDpflConfig)
-    pe_dpfl: PeDpflConfig = field(default_factory=PeDpflConfig)
-    adap_dp_fl: AdapDpFlConfig = field(default_factory=AdapDpFlConfig)
-    fedfdp: FedFdpConfig = field(default_factory=FedFdpConfig)
-    dpfl_bcs: DpflBcsConfig = field(default_factory=DpflBcsConfig)
-    rc_dpfl: RcDpflConfig = field(default_factory=RcDpflConfig)
     server: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
-    # Options of a registered algorithm (its options dataclass's fields); built-ins: empty.
+    # Options of a registered algorithm (its options dataclass's fields; a seed paper's
+    # may also be written under its section, e.g. ali_dpfl:); fedavg, dp_fedavg: empty.
     options: dict[str, Any] = field(default_factory=dict)
+
+    #: `raydpfl.config.load.from_mapping` folds option sections into ``options`` first.
+    _fold = staticmethod(fold_sections)
+
+    def typed_options(self) -> Any:
+        """``options`` as the registered algorithm's options dataclass (None without one)."""
+        cls = _entry_options(self.name)
+        return None if cls is None else _parse_options(cls, self.options, "options")
 
     def __post_init__(self) -> None:
         _check_name("algorithm", self.name, BUILTIN_ALGORITHMS, "name")
         _check_options("algorithm", self.name, self.options, BUILTIN_ALGORITHMS)
+        cls = _entry_options(self.name)
+        if cls is not None and registry.get("algorithm", self.name).builtin:
+            # A shipped algorithm's options, resolved (defaults filled in) so that the
+            # run's config.yaml says every setting it ran with.
+            parsed = _parse_options(cls, self.options, "options")
+            object.__setattr__(self, "options", dataclasses.asdict(parsed))
         _check(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         _check(self.clients_per_round >= 1, "clients_per_round", "must be >= 1")
         _check(self.local_steps >= 1, "local_steps", f"must be >= 1, got {self.local_steps}")
@@ -379,9 +495,10 @@ class AlgorithmConfig:
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         _check(self.eval_every >= 1, "eval_every", "must be >= 1")
         _check(
-            self.server.plain or self.name in SERVER_OPTIMIZER_ALGORITHMS,
+            self.server.plain or self.name in server_optimizer_algorithms(),
             "server",
-            f"is for {', '.join(SERVER_OPTIMIZER_ALGORITHMS)} (one averaged update per round), "
+            f"is for {', '.join(server_optimizer_algorithms())} (one averaged update per "
+            "round), "
             f"not {self.name!r}"
             + (
                 " (set options.server_optimizer instead)"

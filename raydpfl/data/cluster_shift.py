@@ -17,6 +17,7 @@ records once; `FederatedDataset.client_train/client_test` index into that pool.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
@@ -357,3 +358,21 @@ def make_label_shift_clusters(
     Shorthand for `make_cluster_shift(x, y, shift="label", rng=rng, **kwargs)`.
     """
     return make_cluster_shift(x, y, shift="label", rng=rng, **kwargs)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClusteredDataset(FederatedDataset):
+    """A `FederatedDataset` that knows each client's true cluster s(i).
+
+    `clusters[i]` is the cluster of client i (cluster k got shift k; see
+    `raydpfl.data.cluster_shift`). Used by the oracle and the clustering-accuracy
+    diagnostics only.
+    """
+
+    clusters: tuple[int, ...] = ()
+
+
+def true_clusters(dataset: FederatedDataset) -> np.ndarray | None:
+    """s(i) when the dataset carries it (`ClusteredDataset`), else None."""
+    clusters = getattr(dataset, "clusters", ())
+    return np.asarray(clusters, dtype=np.int64) if len(clusters) else None

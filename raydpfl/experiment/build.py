@@ -7,10 +7,12 @@ here (or in the schema) before any training or Ray work starts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from raydpfl import registry
@@ -26,6 +28,7 @@ from raydpfl.callbacks import (
 from raydpfl.config.load import dump_config, load_config
 from raydpfl.config.resume import check_resume_config, flatten
 from raydpfl.config.schema import BUILTIN_DATASETS, Config, ConfigError, DataConfig
+from raydpfl.data.cluster_shift import ClusteredDataset, make_cluster_shift
 from raydpfl.data.datasets import find_dataset_files, load_dataset
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
 from raydpfl.experiment.plugins import (
@@ -280,13 +283,50 @@ def _callable_name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "custom_model"))
 
 
+def load_clustered(data: DataConfig, rng: np.random.Generator) -> FederatedDataset:
+    """The federated dataset with cluster structure (`data.cluster_shift.kind != none`)."""
+    cs = data.cluster_shift
+    sizes = cs.sizes
+    if sum(sizes) != data.num_clients:
+        raise ConfigError(
+            "experiment.data.num_clients",
+            f"must equal the sum of cluster_shift.cluster_sizes ({sum(sizes)}), "
+            f"got {data.num_clients}",
+        )
+    if data.dataset == "synthetic":
+        raise ConfigError(
+            "experiment.data.dataset", "cluster_shift needs an image dataset, not synthetic"
+        )
+    arrays = load_dataset(data.dataset, data.root)
+    official = cs.split_mode == "official_train_test"
+    try:
+        built = make_cluster_shift(
+            arrays.x_train,
+            arrays.y_train,
+            shift=cs.kind,  # type: ignore[arg-type]
+            rng=rng,
+            cluster_sizes=sizes,
+            num_classes=arrays.num_classes,
+            samples_per_client=cs.samples_per_client,
+            test_fraction=data.client_test_fraction if not official else 0.2,
+            split_mode=cs.split_mode,
+            x_test=arrays.x_test if official else None,
+            y_test=arrays.y_test if official else None,
+            test_samples_per_client=cs.test_samples_per_client,
+            shuffle_clients=cs.shuffle_clients,
+            name=data.dataset,
+        )
+    except ValueError as e:
+        raise ConfigError("experiment.data.cluster_shift", str(e)) from None
+    fields = {f.name: getattr(built.dataset, f.name) for f in dataclasses.fields(built.dataset)}
+    return ClusteredDataset(**fields, clusters=tuple(int(c) for c in built.clusters))
+
+
 def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
     """Builds the federated dataset named by `data` on the partition stream."""
     seed = run_seed if data.seed is None else data.seed
     rng = numpy_rng(seed, NO_ROUND, SERVER, "partition")
     if data.cluster_shift.kind != "none":
-        from raydpfl.papers.rc_dpfl.builder import load_clustered
-
         return load_clustered(data, rng)
     try:
         if data.dataset == "synthetic":

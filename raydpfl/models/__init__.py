@@ -10,8 +10,6 @@ from raydpfl.models.zoo import (
     num_parameters,
     register_model,
 )
-from raydpfl.papers.dpfl_bcs import models as _dpfl_bcs  # noqa: F401  (registers its models)
-from raydpfl.papers.rc_dpfl import models as _rc_dpfl  # noqa: F401  (registers its models)
 
 __all__ = [
     "MLP",

@@ -1,4 +1,5 @@
-"""A personalised input transformation x ↦ γ ⊙ x + β (PRIVATEFL's; `raydpfl.papers.dpfl_bcs.privatefl`).
+"""A personalised input transformation x ↦ γ ⊙ x + β (PRIVATEFL's; see
+`raydpfl.papers.dpfl_bcs.privatefl`).
 
 It is not a module: it is a pair of tensors a client keeps, applied to the input before the
 shared model, with γ one scale per input channel (per feature for flat inputs) and β one

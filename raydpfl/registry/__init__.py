@@ -28,7 +28,12 @@ What each kind's target is:
 
 Third-party packages register through the entry-point groups in `ENTRY_POINT_GROUPS`
 (``[project.entry-points."raydpfl.algorithms"] my_algo = "my_pkg.algo:MyAlgo"``): the
-name is known at once, the object is imported when it is first built.
+name is known at once, the object is imported when it is first built. A package with
+several entries (algorithms with their models, options and a config section) names one
+function in the group `PLUGIN_GROUP` instead
+(``[project.entry-points."raydpfl.plugins"] my_pkg = "my_pkg:register"``); it is called
+once, before the first lookup, and registers them with `register`. raydpfl's own seed
+papers (`raydpfl.papers`) register exactly that way.
 
 This module imports nothing from raydpfl, so every layer may use it.
 """
@@ -50,11 +55,16 @@ ENTRY_POINT_GROUPS: dict[Kind, str] = {
     "dataset": "raydpfl.datasets",
 }
 
+#: The entry-point group of registration functions (``register() -> None``), called once.
+PLUGIN_GROUP = "raydpfl.plugins"
+
 __all__ = [
     "ENTRY_POINT_GROUPS",
     "KINDS",
+    "PLUGIN_GROUP",
     "Entry",
     "RegistryError",
+    "entries",
     "get",
     "is_registered",
     "names",
@@ -62,6 +72,7 @@ __all__ = [
     "register_algorithm",
     "register_dataset",
     "register_model",
+    "tagged",
     "unregister",
 ]
 
@@ -81,7 +92,14 @@ class Entry:
             first use (entry points).
         options: A dataclass whose fields are the entry's options (from the config's
             ``options`` mapping, validated strictly), or None for no options.
-        builtin: Shipped with raydpfl (built from its own config section, if any).
+        builtin: Shipped with raydpfl. A built-in algorithm's target is a function
+            ``build(config, dataset, model) -> (algorithm, ledger, metadata)``.
+        section: For an algorithm with options: the key under ``experiment.algorithm``
+            that also holds them (``ali_dpfl: {gamma: 5}`` as well as ``options:
+            {gamma: 5}``); several names may share one section.
+        tags: Facts about the entry the core checks without knowing it by name: an
+            algorithm or model tagged ``regression`` has an MSE loss (the only ones a
+            regression dataset may use).
     """
 
     kind: Kind
@@ -89,6 +107,8 @@ class Entry:
     target: Any
     options: type | None = None
     builtin: bool = False
+    section: str | None = None
+    tags: frozenset[str] = frozenset()
 
     def load(self) -> Any:
         """The target object, importing a ``"module:attr"`` target."""
@@ -119,12 +139,14 @@ def register(
     options: type | None = None,
     builtin: bool = False,
     replace: bool = False,
+    section: str | None = None,
+    tags: tuple[str, ...] | frozenset[str] = (),
 ) -> Entry:
-    """Registers `target` as `name` of `kind`; returns the entry.
+    """Registers `target` as `name` of `kind`; returns the entry (fields: `Entry`).
 
     Raises:
         RegistryError: `name` is taken (unless `replace`), is not an identifier-like
-            string, or `options` is not a dataclass.
+            string, `options` is not a dataclass, or a `section` without options.
     """
     kind = _check_kind(kind)
     if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
@@ -135,13 +157,17 @@ def register(
         raise RegistryError(f"{kind} {name!r}: options must be a dataclass type, got {options!r}")
     if not isinstance(target, str) and not callable(target):
         raise RegistryError(f"{kind} {name!r}: the target must be callable, got {target!r}")
+    if section is not None and (options is None or not section.isidentifier()):
+        raise RegistryError(
+            f"{kind} {name!r}: section must be a word and needs an options dataclass"
+        )
     existing = _ENTRIES[kind].get(name)
     if existing is not None and not replace and existing.target is not target:
         raise RegistryError(
             f"{kind} {name!r} is already registered (to {_describe(existing.target)}); "
             "pick another name or pass replace=True"
         )
-    entry = Entry(kind, name, target, options, builtin)
+    entry = Entry(kind, name, target, options, builtin, section, frozenset(tags))
     _ENTRIES[kind][name] = entry
     return entry
 
@@ -180,8 +206,31 @@ def register_dataset(
     return _decorator("dataset", name, options, replace)
 
 
+_PLUGINS_LOADED = False
+
+
+def _load_plugins() -> None:
+    """Calls every registration function of `PLUGIN_GROUP` (once per process)."""
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED:
+        return
+    _PLUGINS_LOADED = True  # first: a plugin's own lookups must not recurse
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()()
+        except Exception as e:
+            raise RegistryError(
+                f"the raydpfl plugin {ep.name!r} ({ep.value}) failed to register: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+
+
 def _load_entry_points(kind: Kind) -> None:
-    """Registers the entry points of `kind`'s group (once; names only, objects lazily)."""
+    """Registers the plugins and the entry points of `kind`'s group (once; names only,
+    objects lazily)."""
+    _load_plugins()
     if kind in _ENTRY_POINTS_LOADED:
         return
     _ENTRY_POINTS_LOADED.add(kind)
@@ -218,6 +267,16 @@ def get(kind: Kind, name: str) -> Entry:
             f"unknown {kind} {name!r}; registered: {', '.join(_ENTRIES[kind]) or 'none'}"
         )
     return entry
+
+
+def entries(kind: Kind) -> tuple[Entry, ...]:
+    """Every registered entry of `kind` (entry points included), in registration order."""
+    return tuple(get(kind, name) for name in names(kind))
+
+
+def tagged(kind: Kind, tag: str) -> tuple[str, ...]:
+    """The names of `kind` whose entry carries `tag`."""
+    return tuple(e.name for e in entries(kind) if tag in e.tags)
 
 
 def _describe(target: Any) -> str:

@@ -192,8 +192,8 @@ def test_only_the_probe_depends_on_which_canaries_are_in(tmp_path):
 
 def test_every_builtin_algorithm_is_audited_refused_with_a_reason_or_not_private():
     from raydpfl.audit.run import NOT_AUDITABLE
-    from raydpfl.config.schema import BUILTIN_ALGORITHMS
+    from raydpfl.config.schema import shipped_names
 
-    rest = set(BUILTIN_ALGORITHMS) - set(AUDITABLE) - set(NOT_AUDITABLE)
+    rest = set(shipped_names("algorithm")) - set(AUDITABLE) - set(NOT_AUDITABLE)
 
     assert rest == {"fedavg", "fedfair", "fedprox", "scaffold", "feddyn", "qffl", "bcs_fedsgd"}

@@ -35,19 +35,30 @@ def test_validate_shows_only_the_chosen_algorithms_block_and_loads_back(capsys):
 def test_validate_keeps_the_block_of_the_algorithm_in_use(capsys):
     tree, _ = _printed(capsys, "--set", "algorithm.name=ali_dpfl")
 
+    # A seed paper's options are its resolved options (defaults filled in), no other
+    # paper's section is in the tree.
     algorithm = tree["experiment"]["algorithm"]
-    assert "ali_dpfl" in algorithm and "fedfdp" not in algorithm
+    assert algorithm["options"]["gamma"] == 10.0 and "fedfdp" not in algorithm
 
 
-def test_validate_shows_an_unused_block_the_user_changed(capsys):
-    tree, _ = _printed(capsys, "--set", "algorithm.fedfdp.lam=0.5")
+def test_validate_says_which_option_sections_the_algorithm_does_not_read(capsys):
+    tree, out = _printed(capsys, "--set", "algorithm.fedfdp.lam=0.5")
 
-    assert tree["experiment"]["algorithm"]["fedfdp"]["lam"] == 0.5
+    assert "fedfdp" not in tree["experiment"]["algorithm"]
+    assert "# checked, not read by dp_fedavg (another algorithm's options): " in out
+    assert "experiment.algorithm.fedfdp" in out
+
+
+def test_validate_refuses_a_bad_value_in_another_algorithms_section(capsys):
+    assert (
+        main(["validate", str(QUICKSTART), "--no-data", "--set", "algorithm.fedfdp.lam=-1"]) == 2
+    )
+    assert "experiment.algorithm.fedfdp.lam" in capsys.readouterr().err
 
 
 def test_validate_all_prints_every_section(capsys):
     tree, out = _printed(capsys, "--all")
 
-    assert {"ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl"} <= set(tree["experiment"]["algorithm"])
+    assert {"server", "options"} <= set(tree["experiment"]["algorithm"])
     assert "cluster_shift" in tree["experiment"]["data"]
     assert "not shown" not in out

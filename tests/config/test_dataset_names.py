@@ -5,7 +5,6 @@ from typing import get_args
 
 from raydpfl.config import schema
 from raydpfl.data import datasets
-from raydpfl.papers.dpfl_bcs import options as dpfl_bcs
 
 
 def test_every_loadable_dataset_is_a_valid_config_value_and_synthetic_is_the_only_extra():
@@ -16,4 +15,4 @@ def test_every_loadable_dataset_is_a_valid_config_value_and_synthetic_is_the_onl
 
 
 def test_the_config_and_the_data_layer_agree_on_the_regression_datasets():
-    assert dpfl_bcs.REGRESSION_DATASETS == datasets.REGRESSION_DATASETS
+    assert schema.REGRESSION_DATASETS == datasets.REGRESSION_DATASETS

@@ -10,6 +10,7 @@ from typing import Literal
 from raydpfl.config._base import _check
 from raydpfl.config.reference import (
     REGENERATE,
+    builtin_option_sections,
     config_sections,
     field_comments,
     field_constraints,
@@ -72,7 +73,7 @@ def test_every_key_of_the_config_tree_is_listed_once():
 
 
 def test_keys_the_old_readme_table_missed_are_documented():
-    keys = {k.path: k for s in config_sections() for k in s.keys}
+    keys = {k.path: k for s in config_sections() + builtin_option_sections() for k in s.keys}
 
     d_pca = keys["experiment.algorithm.rc_dpfl.d_pca"]
     assert (d_pca.type, d_pca.default, d_pca.allowed) == ("int", 2, ">= 1")

@@ -14,7 +14,12 @@ import raydpfl
 from raydpfl import registry
 from raydpfl.algorithms import DPFedAvg
 from raydpfl.config import ConfigError, config_from_dict
-from raydpfl.config.schema import BUILTIN_ALGORITHMS, BUILTIN_DATASETS, BUILTIN_MODELS
+from raydpfl.config.schema import (
+    BUILTIN_ALGORITHMS,
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    shipped_names,
+)
 from raydpfl.data.datasets import ArrayDataset, load_dataset
 from raydpfl.models.zoo import LogisticRegression
 
@@ -56,9 +61,13 @@ def test_every_built_in_name_is_in_the_one_registry():
         kind: {n for n in registry.names(kind) if registry.get(kind, n).builtin}
         for kind in ("algorithm", "model")
     }
-    assert builtin["algorithm"] == set(BUILTIN_ALGORITHMS)
-    assert builtin["model"] == set(BUILTIN_MODELS)
-    for name in BUILTIN_ALGORITHMS:
+    assert builtin["algorithm"] == set(shipped_names("algorithm"))
+    assert builtin["model"] == set(shipped_names("model"))
+    # The core's own names, then the seed papers' (registered through the plugin group).
+    assert set(BUILTIN_ALGORITHMS) == {"fedavg", "dp_fedavg"}
+    assert {"ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl"} <= builtin["algorithm"]
+    assert set(BUILTIN_MODELS) < builtin["model"]
+    for name in shipped_names("algorithm"):
         assert callable(registry.get("algorithm", name).load())
     assert set(BUILTIN_DATASETS) >= {"digits", "synthetic"}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-from typing import get_args
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from tests.conftest import small_config
 from tests.papers.dpfl_bcs.dpfl_bcs_helpers import bcs_config
 
 DEVICE = os.environ.get("RAYDPFL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-ALGORITHMS = get_args(schema.AlgorithmName)
+ALGORITHMS = schema.shipped_names("algorithm")
 
 
 def _candidates(name: str):

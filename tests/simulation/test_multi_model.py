@@ -14,7 +14,7 @@ from raydpfl.algorithms.multi_model import (
 )
 from raydpfl.config import config_from_dict
 from raydpfl.experiment.build import build_experiment, make_local_backend, run_experiment
-from raydpfl.papers.rc_dpfl.builder import ClusteredDataset
+from raydpfl.data.cluster_shift import ClusteredDataset
 from raydpfl.simulation.outputs import model_sha256
 
 

@@ -12,19 +12,10 @@ a user's algorithm registers there too (`raydpfl.experiment.plugins` builds it).
 
 from raydpfl import registry
 from raydpfl.config.schema import CORE_ALGORITHMS
-from raydpfl.papers.ali_dpfl import options as ali_dpfl
-from raydpfl.papers.dpfl_bcs import options as dpfl_bcs
-from raydpfl.papers.fedfdp import options as fedfdp
-from raydpfl.papers.rc_dpfl import options as rc_dpfl
 
-#: Builder module of each built-in algorithm name (registered as ``"module:build"``).
-_BUILDERS = {
-    "raydpfl.experiment.builders.core": CORE_ALGORITHMS,
-    "raydpfl.papers.ali_dpfl.builder": ali_dpfl.NAMES,
-    "raydpfl.papers.fedfdp.builder": fedfdp.NAMES,
-    "raydpfl.papers.dpfl_bcs.builder": dpfl_bcs.NAMES,
-    "raydpfl.papers.rc_dpfl.builder": rc_dpfl.NAMES,
-}
+#: Builder module of each core algorithm name (registered as ``"module:build"``); the seed
+#: papers register their own names through the ``raydpfl.plugins`` entry points.
+_BUILDERS = {"raydpfl.experiment.builders.core": CORE_ALGORITHMS}
 
 for _module, _names in _BUILDERS.items():
     for _name in _names:

@@ -1,1 +1,16 @@
-"""ali_dpfl."""
+"""ALI-DPFL (seed 002) with its baselines PE-DPFL and Adap DP-FL: see README.md here."""
+
+from raydpfl import registry
+from raydpfl.papers.ali_dpfl.options import AdapDpFlConfig, AliDpflConfig, PeDpflConfig
+
+_BUILD = "raydpfl.papers.ali_dpfl.builder:build"
+
+
+def register() -> None:
+    """Registers ALI-DPFL's algorithms (the ``raydpfl.plugins`` entry point calls it)."""
+    for name in ("ali_dpfl", "dp_fedavg_fixed_tau"):  # the fixed-τ baseline reads R_c's too
+        registry.register(
+            "algorithm", name, _BUILD, options=AliDpflConfig, builtin=True, section="ali_dpfl"
+        )
+    for name, options in (("pe_dpfl", PeDpflConfig), ("adap_dp_fl", AdapDpFlConfig)):
+        registry.register("algorithm", name, _BUILD, options=options, builtin=True, section=name)

@@ -57,7 +57,7 @@ def _ali_baseline(
     )
     try:
         if algo.name == "pe_dpfl":
-            pe = algo.pe_dpfl
+            pe = algo.typed_options()
             sigma = privacy.noise_multiplier
             calibrated = sigma is None
             if sigma is None:
@@ -73,7 +73,7 @@ def _ali_baseline(
                 num_perturbations=pe.num_perturbations,
             )
         else:
-            ad = algo.adap_dp_fl
+            ad = algo.typed_options()
             if privacy.noise_multiplier is None:
                 raise ConfigError(
                     "experiment.privacy.noise_multiplier",
@@ -110,7 +110,7 @@ def _ali(
 ) -> tuple[Algorithm, PrivacyLedger, dict[str, Any]]:
     """ALI-DPFL or its fixed-τ baseline: σ fixed, the budget sets R_c (Algorithm 3)."""
     exp = config.experiment
-    algo, privacy, ali = exp.algorithm, exp.privacy, exp.algorithm.ali_dpfl
+    algo, privacy, ali = exp.algorithm, exp.privacy, exp.algorithm.typed_options()
     if privacy.noise_multiplier is None:
         raise ConfigError(
             "experiment.privacy.noise_multiplier",

@@ -1,1 +1,29 @@
-"""dpfl_bcs."""
+"""DPFL-BCS (biased client selection) with PRIVATEFL and the uniform-selection
+baselines: see README.md here."""
+
+from raydpfl import registry
+from raydpfl.config.schema import REGRESSION_TAG
+from raydpfl.papers.dpfl_bcs.options import MODEL_NAMES, NAMES, REGRESSION_MODELS, DpflBcsConfig
+
+
+def register() -> None:
+    """Registers DPFL-BCS's algorithms and models (the ``raydpfl.plugins`` entry point
+    calls it). Every algorithm here has an MSE client step for a regression dataset."""
+    for name in NAMES:
+        registry.register(
+            "algorithm",
+            name,
+            "raydpfl.papers.dpfl_bcs.builder:build",
+            options=DpflBcsConfig,
+            builtin=True,
+            section="dpfl_bcs",
+            tags=(REGRESSION_TAG,),
+        )
+    for name in MODEL_NAMES:
+        registry.register(
+            "model",
+            name,
+            f"raydpfl.papers.dpfl_bcs.models:{name}",
+            builtin=True,
+            tags=(REGRESSION_TAG,) if name in REGRESSION_MODELS else (),
+        )

@@ -97,7 +97,7 @@ def parse_budgets(text: str, num_clients: int, mechanism: str) -> tuple[np.ndarr
 
 def client_budgets(config: Config, num_clients: int, mechanism: str) -> tuple[np.ndarray, ...]:
     """(ε_n, δ_n) of every client: given, or drawn as the paper does (§11.3)."""
-    cfg = config.experiment.algorithm.dpfl_bcs
+    cfg = config.experiment.algorithm.typed_options()
     if cfg.budgets is not None:
         eps, deltas = parse_budgets(cfg.budgets, num_clients, mechanism)
     else:
@@ -115,7 +115,7 @@ def build(
 ) -> tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]:
     """The algorithm named by `config`, its ledger (None if non-private) and metadata."""
     exp = config.experiment
-    algo, cfg, privacy = exp.algorithm, exp.algorithm.dpfl_bcs, exp.privacy
+    algo, cfg, privacy = exp.algorithm, exp.algorithm.typed_options(), exp.privacy
     name = algo.name
     mechanism = _PINNED.get(name, cfg.mechanism)
     if mechanism in ("gaussian", "laplace") and cfg.mechanism != mechanism:

@@ -40,7 +40,6 @@ from raydpfl.models.input_transform import (  # noqa: F401  (re-exported)
     identity_input_transform,
 )
 from raydpfl.models.layers import MaxPool2d
-from raydpfl.models.zoo import register_model
 
 
 def _pooled(size: int, times: int) -> int:
@@ -205,12 +204,6 @@ def _linear(input_shape: tuple[int, ...], num_classes: int, **options: int) -> n
     return BcsLinear(tuple(input_shape), num_classes)
 
 
-register_model("bcs_mnist_cnn", _image("bcs_mnist_cnn", BcsMnistCnn))
-register_model("bcs_lenet5", _image("bcs_lenet5", BcsLeNet5))
-register_model("bcs_femnist_cnn", _image("bcs_femnist_cnn", BcsFemnistCnn))
-register_model("bcs_resnet20", _resnet)
-
-
 def _linreg(input_shape: tuple[int, ...], num_classes: int, **options: int) -> nn.Module:
     if options:
         raise ValueError(f"bcs_linreg takes no options, got {sorted(options)}")
@@ -222,5 +215,10 @@ def _linreg(input_shape: tuple[int, ...], num_classes: int, **options: int) -> n
     return BcsLinear(tuple(input_shape), 1)
 
 
-register_model("bcs_linear", _linear)
-register_model("bcs_linreg", _linreg)
+# The factories by model name (`raydpfl.papers.dpfl_bcs.register` registers them).
+bcs_mnist_cnn = _image("bcs_mnist_cnn", BcsMnistCnn)
+bcs_lenet5 = _image("bcs_lenet5", BcsLeNet5)
+bcs_femnist_cnn = _image("bcs_femnist_cnn", BcsFemnistCnn)
+bcs_resnet20 = _resnet
+bcs_linear = _linear
+bcs_linreg = _linreg

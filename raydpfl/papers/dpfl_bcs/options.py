@@ -1,8 +1,9 @@
 """Config of DPFL-BCS and its baselines (issue 6; shared/specs/dpfl-bcs.md).
 
-`NAMES` are the algorithm names this section serves; `MODEL_NAMES` and
-`DATASET_NAMES` the models and datasets it adds to `experiment.model.name` and
-`experiment.data.dataset`. The options live under `experiment.algorithm.dpfl_bcs`.
+`NAMES` are the algorithm names this section serves (all with an MSE loss for a regression
+dataset such as the core's ``diabetes``); `MODEL_NAMES` the models it adds to
+`experiment.model.name`. The options live under `experiment.algorithm.options` (or their
+section `experiment.algorithm.dpfl_bcs`).
 
 Algorithms: ``dpfl_bcs`` (biased selection), ``bcs_fedsgd`` (no DP), ``bcs_dpsgd``
 (Gaussian, uniform), ``bcs_dmldp`` (Laplace, uniform), ``bcs_weiavg`` and ``bcs_pfa``
@@ -19,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from raydpfl.config._base import ConfigError, _check
+from raydpfl.config._base import _check
 
 #: Θ for a regression dataset when `loss_bound` is null: the paper's Θ = 150 %² for Lending
 #: Club is about 8 times its label variance (≈ 19 %², spec §11.1); targets are standardised
@@ -44,35 +45,8 @@ MODEL_NAMES: tuple[str, ...] = (
     "bcs_linear",
     "bcs_linreg",
 )
-DATASET_NAMES: tuple[str, ...] = ("diabetes",)
-#: Datasets with real-valued targets (MSE loss, test MSE reported) and the models for them.
-REGRESSION_DATASETS: tuple[str, ...] = ("diabetes",)
+#: The regression model (one output, MSE loss), tagged as such in the registry.
 REGRESSION_MODELS: tuple[str, ...] = ("bcs_linreg",)
-
-
-def check_task(dataset: str, model: str, algorithm: str) -> None:
-    """Refuses a regression model on a classification dataset and the reverse (the loss, the
-    targets and the reported metric would not match), and a regression dataset with an
-    algorithm outside this section (only DPFL-BCS's client step has an MSE loss). Raises
-    ConfigError naming ``model.name`` or ``algorithm.name`` (under ``experiment.``)."""
-    if model in REGRESSION_MODELS and dataset not in REGRESSION_DATASETS:
-        raise ConfigError(
-            "model.name",
-            f"{model} is a regression model (one output, MSE loss); data.dataset {dataset!r} "
-            f"is a classification dataset; regression datasets: {list(REGRESSION_DATASETS)}",
-        )
-    if dataset in REGRESSION_DATASETS and model not in REGRESSION_MODELS:
-        raise ConfigError(
-            "model.name",
-            f"data.dataset {dataset!r} is a regression dataset (real-valued targets); "
-            f"{model} is a classifier; use one of {list(REGRESSION_MODELS)}",
-        )
-    if dataset in REGRESSION_DATASETS and algorithm not in NAMES:
-        raise ConfigError(
-            "algorithm.name",
-            f"{algorithm} has no regression (MSE) loss; data.dataset {dataset!r} needs one of "
-            f"{list(NAMES)}",
-        )
 
 
 @dataclass(frozen=True, kw_only=True)

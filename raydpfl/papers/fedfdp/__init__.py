@@ -1,1 +1,23 @@
-"""fedfdp."""
+"""FedFDP and FedFair with their baselines (FedProx, SCAFFOLD, FedDyn, q-FFL and their
+DP versions): see README.md here."""
+
+from raydpfl import registry
+from raydpfl.config.schema import SERVER_OPTIMIZER_TAG
+from raydpfl.papers.fedfdp.options import NAMES, FedFdpConfig
+
+#: One averaged update per round: the server optimizer applies (FedAvg's Δ̄ with a prox term).
+_SERVER_OPTIMIZER = ("fedprox", "dp_fedprox")
+
+
+def register() -> None:
+    """Registers FedFDP's algorithms (the ``raydpfl.plugins`` entry point calls it)."""
+    for name in NAMES:
+        registry.register(
+            "algorithm",
+            name,
+            "raydpfl.papers.fedfdp.builder:build",
+            options=FedFdpConfig,
+            builtin=True,
+            section="fedfdp",
+            tags=(SERVER_OPTIMIZER_TAG,) if name in _SERVER_OPTIMIZER else (),
+        )

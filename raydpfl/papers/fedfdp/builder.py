@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 
 from raydpfl.algorithms.base import Algorithm
-from raydpfl.config.schema import SERVER_OPTIMIZER_ALGORITHMS, Config, ConfigError
+from raydpfl.config.schema import Config, ConfigError, server_optimizer_algorithms
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.builders.core import server_optimizer_kwargs
 from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
@@ -60,7 +60,7 @@ def build(
 ) -> tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]:
     """The algorithm named by `config`, its ledger (None if non-private) and metadata."""
     exp = config.experiment
-    algo, privacy, opts = exp.algorithm, exp.privacy, exp.algorithm.fedfdp
+    algo, privacy, opts = exp.algorithm, exp.privacy, exp.algorithm.typed_options()
     name = algo.name
     sizes = dataset.train_sizes()
     common: dict[str, Any] = dict(
@@ -73,7 +73,7 @@ def build(
         normalizer=opts.normalizer,
         fixed_divisor=opts.fixed_divisor,
     )
-    if name in SERVER_OPTIMIZER_ALGORITHMS:  # fedprox, dp_fedprox: one averaged update
+    if name in server_optimizer_algorithms():  # fedprox, dp_fedprox: one averaged update
         # The server optimizer steps on the (noised) mean: post-processing, no privacy cost.
         common.update(server_optimizer_kwargs(config))
     if algo.clients_per_round > dataset.num_clients:

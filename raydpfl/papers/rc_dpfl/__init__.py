@@ -1,1 +1,21 @@
-"""rc_dpfl."""
+"""RC-DPFL (robust clustering) with its clustered baselines, local DP-SGD and MR-MTL:
+see README.md here."""
+
+from raydpfl import registry
+from raydpfl.papers.rc_dpfl.options import MODEL_NAMES, NAMES, RcDpflConfig
+
+
+def register() -> None:
+    """Registers RC-DPFL's algorithms and models (the ``raydpfl.plugins`` entry point
+    calls it)."""
+    for name in NAMES:
+        registry.register(
+            "algorithm",
+            name,
+            "raydpfl.papers.rc_dpfl.builder:build",
+            options=RcDpflConfig,
+            builtin=True,
+            section="rc_dpfl",
+        )
+    for name in MODEL_NAMES:
+        registry.register("model", name, f"raydpfl.papers.rc_dpfl.models:{name}", builtin=True)

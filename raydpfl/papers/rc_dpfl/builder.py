@@ -15,7 +15,6 @@ Both use the ledger's accountant, so the ε the ledger reports is ε(z_i) ≤ bu
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -24,9 +23,8 @@ import torch
 from torch import nn
 
 from raydpfl.algorithms.base import Algorithm
-from raydpfl.config.schema import Config, ConfigError, DataConfig
-from raydpfl.data.cluster_shift import make_cluster_shift
-from raydpfl.data.datasets import load_dataset
+from raydpfl.config.schema import Config, ConfigError
+from raydpfl.data.cluster_shift import true_clusters
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.papers.rc_dpfl.algorithm import RcDpfl
 from raydpfl.papers.rc_dpfl.baselines import (
@@ -50,63 +48,6 @@ from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed
 _CLUSTERED = ("rc_dpfl", "km_cdpfl", "f_cdpfl", "o_cdpfl", "rc_local", "mr_mtl")
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class ClusteredDataset(FederatedDataset):
-    """A `FederatedDataset` that knows each client's true cluster s(i).
-
-    `clusters[i]` is the cluster of client i (cluster k got shift k; see
-    `raydpfl.data.cluster_shift`). Used by the oracle and the clustering-accuracy
-    diagnostics only.
-    """
-
-    clusters: tuple[int, ...] = ()
-
-
-def load_clustered(data: DataConfig, rng: np.random.Generator) -> FederatedDataset:
-    """The federated dataset with cluster structure (`data.cluster_shift.kind != none`)."""
-    cs = data.cluster_shift
-    sizes = cs.sizes
-    if sum(sizes) != data.num_clients:
-        raise ConfigError(
-            "experiment.data.num_clients",
-            f"must equal the sum of cluster_shift.cluster_sizes ({sum(sizes)}), "
-            f"got {data.num_clients}",
-        )
-    if data.dataset == "synthetic":
-        raise ConfigError(
-            "experiment.data.dataset", "cluster_shift needs an image dataset, not synthetic"
-        )
-    arrays = load_dataset(data.dataset, data.root)
-    official = cs.split_mode == "official_train_test"
-    try:
-        built = make_cluster_shift(
-            arrays.x_train,
-            arrays.y_train,
-            shift=cs.kind,  # type: ignore[arg-type]
-            rng=rng,
-            cluster_sizes=sizes,
-            num_classes=arrays.num_classes,
-            samples_per_client=cs.samples_per_client,
-            test_fraction=data.client_test_fraction if not official else 0.2,
-            split_mode=cs.split_mode,
-            x_test=arrays.x_test if official else None,
-            y_test=arrays.y_test if official else None,
-            test_samples_per_client=cs.test_samples_per_client,
-            shuffle_clients=cs.shuffle_clients,
-            name=data.dataset,
-        )
-    except ValueError as e:
-        raise ConfigError("experiment.data.cluster_shift", str(e)) from None
-    fields = {f.name: getattr(built.dataset, f.name) for f in dataclasses.fields(built.dataset)}
-    return ClusteredDataset(**fields, clusters=tuple(int(c) for c in built.clusters))
-
-
-def true_clusters(dataset: FederatedDataset) -> np.ndarray | None:
-    """s(i) when the dataset carries it (`ClusteredDataset`), else None."""
-    clusters = getattr(dataset, "clusters", ())
-    return np.asarray(clusters, dtype=np.int64) if len(clusters) else None
-
-
 def build(
     config: Config, dataset: FederatedDataset, model: nn.Module
 ) -> tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]:
@@ -114,7 +55,7 @@ def build(
     from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
 
     exp, rt = config.experiment, config.runtime
-    algo, privacy, rc = exp.algorithm, exp.privacy, exp.algorithm.rc_dpfl
+    algo, privacy, rc = exp.algorithm, exp.privacy, exp.algorithm.typed_options()
     sizes = dataset.train_sizes()
     n = len(sizes)
     if algo.clients_per_round != n:
@@ -212,7 +153,7 @@ def _noise_multipliers(
 ) -> tuple[list[float], list[float]]:
     """z_i per client and the ε each would have spent after all rounds."""
     exp = config.experiment
-    privacy, rc, rounds = exp.privacy, exp.algorithm.rc_dpfl, exp.algorithm.rounds
+    privacy, rc, rounds = exp.privacy, exp.algorithm.typed_options(), exp.algorithm.rounds
     cache: dict[int, tuple[float, float]] = {}
     for size in sorted({int(s) for s in sizes}):
         b = min(rc.batch_size, size)
@@ -256,7 +197,7 @@ def _make(
     clusters: np.ndarray | None,
 ) -> Algorithm:
     exp, rt = config.experiment, config.runtime
-    algo, rc = exp.algorithm, exp.algorithm.rc_dpfl
+    algo, rc = exp.algorithm, exp.algorithm.typed_options()
     name = algo.name
     if name == "rc_dpfl":
         return RcDpfl(

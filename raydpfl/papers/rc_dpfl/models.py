@@ -15,7 +15,6 @@ from __future__ import annotations
 from torch import nn
 
 from raydpfl.models.layers import MaxPool2d
-from raydpfl.models.zoo import register_model
 
 
 class RcCNN(nn.Module):
@@ -104,5 +103,6 @@ def _resnet(input_shape: tuple[int, ...], num_classes: int, **options: int) -> n
     return RcResNet18(tuple(input_shape), num_classes, groups=int(options.get("groups", 2)))
 
 
-register_model("rc_cnn", _cnn)
-register_model("rc_resnet18", _resnet)
+# The factories by model name (`raydpfl.papers.rc_dpfl.register` registers them).
+rc_cnn = _cnn
+rc_resnet18 = _resnet
