@@ -234,12 +234,7 @@ def audit(
     """
     _check_args(canaries, mode, confidence, k_plus, k_minus, score)
     m = int(canaries)
-    k_plus = max(1, round(m / 10)) if k_plus is None else int(k_plus)
-    k_minus = round(m / 10) if k_minus is None else int(k_minus)
-    if k_plus + k_minus > m:
-        raise ConfigError(
-            "k_plus", f"k_plus + k_minus = {k_plus + k_minus} guesses exceed the {m} canaries"
-        )
+    k_plus, k_minus = _guesses(m, k_plus, k_minus)
     overrides = [*_as_list(overrides), "runtime.backend=local", "runtime.checkpoint_every=null"]
     cfg = _to_config(config, overrides)
     if run_dir is not None:
@@ -249,36 +244,12 @@ def audit(
         _refuse(cfg.experiment.algorithm.name)
     base = build_experiment(cfg)
     unit = _unit_of(cfg, base)
-    seed = cfg.runtime.seed
-    rng = numpy_rng(seed, NO_ROUND, SERVER, "audit")
+    # One "audit" stream, drawn in this order: the canaries' in/out, then the record-level
+    # canaries (their owners, black-box records), then the guesses' tie-breaking.
+    rng = numpy_rng(cfg.runtime.seed, NO_ROUND, SERVER, "audit")
     included = rng.random(m) < 0.5
-    if unit == "record":
-        total = int(base.dataset.train_sizes().sum())
-        if m > total:
-            raise ConfigError(
-                "canaries",
-                f"{m} canaries but the run has only {total} training "
-                "records; use at most that many",
-            )
-        prepared = _record_level(cfg, base, m, included, mode, rng)
-    else:
-        if m > base.dataset.num_clients:
-            raise ConfigError(
-                "canaries",
-                f"{m} canary clients but the run has only "
-                f"{base.dataset.num_clients} clients; use at most that many",
-            )
-        prepared = _client_level(cfg, base, m, included)
-    exp, finish = prepared
-    if run_dir is not None:
-        out = prepare_run_dir(run_dir)
-        summary = run_experiment(exp, out)
-        scores, score_name, audited = finish(exp, out, mode, score)
-    else:
-        with tempfile.TemporaryDirectory(prefix="raydpfl-audit-") as tmp:
-            summary = run_experiment(exp, Path(tmp), temporary=True)
-            scores, score_name, audited = finish(exp, Path(tmp), mode, score)
-            summary.pop("run_dir", None)
+    exp, finish = _with_canaries(cfg, base, unit, m, included, mode, rng)
+    summary, scores, score_name, audited = _run_and_score(exp, finish, run_dir, mode, score)
     correct = correct_guesses(scores, included, k_plus, k_minus, rng)
     delta = float(summary["delta"])
     result = AuditResult(
@@ -306,6 +277,62 @@ def audit(
         path = Path(run_dir) / "audit.json"
         path.write_text(json.dumps(result.to_dict(), indent=1, default=str) + "\n")
     return result
+
+
+def _guesses(m: int, k_plus: int | None, k_minus: int | None) -> tuple[int, int]:
+    """(k_plus, k_minus), m/10 each by default (at least one guess "in")."""
+    k_plus = max(1, round(m / 10)) if k_plus is None else int(k_plus)
+    k_minus = round(m / 10) if k_minus is None else int(k_minus)
+    if k_plus + k_minus > m:
+        raise ConfigError(
+            "k_plus", f"k_plus + k_minus = {k_plus + k_minus} guesses exceed the {m} canaries"
+        )
+    return k_plus, k_minus
+
+
+def _with_canaries(
+    cfg: Config,
+    base: Experiment,
+    unit: str,
+    m: int,
+    included: np.ndarray,
+    mode: str,
+    rng: np.random.Generator,
+):
+    """(experiment with the canaries in, finish): `_record_level`'s or `_client_level`'s,
+    once `m` is known to fit the run's training records or clients."""
+    if unit == "record":
+        total = int(base.dataset.train_sizes().sum())
+        if m > total:
+            raise ConfigError(
+                "canaries",
+                f"{m} canaries but the run has only {total} training "
+                "records; use at most that many",
+            )
+        return _record_level(cfg, base, m, included, mode, rng)
+    if m > base.dataset.num_clients:
+        raise ConfigError(
+            "canaries",
+            f"{m} canary clients but the run has only "
+            f"{base.dataset.num_clients} clients; use at most that many",
+        )
+    return _client_level(cfg, base, m, included)
+
+
+def _run_and_score(
+    exp: Experiment, finish: Any, run_dir: str | Path | None, mode: str, score: str
+) -> tuple[dict[str, Any], np.ndarray, str, float | None]:
+    """Runs the audited experiment, in `run_dir` or a temporary directory removed after
+    scoring; returns (summary, scores, score name, audited epsilon or None)."""
+    if run_dir is not None:
+        out = prepare_run_dir(run_dir)
+        summary = run_experiment(exp, out)
+        return (summary, *finish(exp, out, mode, score))
+    with tempfile.TemporaryDirectory(prefix="raydpfl-audit-") as tmp:
+        summary = run_experiment(exp, Path(tmp), temporary=True)
+        scores, score_name, audited = finish(exp, Path(tmp), mode, score)
+        summary.pop("run_dir", None)
+    return summary, scores, score_name, audited
 
 
 # ---- checks ------------------------------------------------------------------------------------

@@ -184,7 +184,19 @@ def _ray_wrapped(e: BaseException) -> bool:
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="raydpfl", description="Differentially-private federated learning simulator.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # One helper per subcommand, in the order `raydpfl --help` lists them.
+    _add_run_command(sub)
+    _add_validate_command(sub)
+    _add_audit_command(sub)
+    _add_privacy_command(sub)
+    _add_data_command(sub)
+    _add_tune_command(sub)
+    _add_report_command(sub)
+    return p
 
+
+def _add_run_command(sub: argparse._SubParsersAction) -> None:
+    """`raydpfl run`: one simulation from a config, or a resumed one."""
     run = sub.add_parser("run", help="run a simulation from a YAML config")
     run.add_argument("config", nargs="?", help="path to the YAML config")
     _add_set(run)
@@ -205,6 +217,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(handler=_cmd_run)
 
+
+def _add_validate_command(sub: argparse._SubParsersAction) -> None:
+    """`raydpfl validate`: check a config and print it resolved."""
     val = sub.add_parser("validate", help="check a config and print it resolved")
     val.add_argument("config")
     _add_set(val)
@@ -226,6 +241,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     val.set_defaults(handler=_cmd_validate)
 
+
+def _add_audit_command(sub: argparse._SubParsersAction) -> None:
+    """`raydpfl audit`: one run with canaries and its empirical epsilon bound."""
     aud = sub.add_parser(
         "audit",
         help="run once with canaries: the empirical epsilon lower bound beside the "
@@ -259,11 +277,20 @@ def _build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--out", help="keep the audited run and audit.json in this directory")
     aud.set_defaults(handler=_cmd_audit)
 
+
+def _add_privacy_command(sub: argparse._SubParsersAction) -> None:
+    """`raydpfl privacy QUESTION`: the record- and client-level calculators."""
     priv = sub.add_parser(
         "privacy",
         help="privacy calculator: DP-SGD (record level) and DP-FedAvg (client-* questions)",
     )
     psub = priv.add_subparsers(dest="question", required=True, parser_class=_Parser)
+    _add_record_level_questions(psub)
+    _add_client_level_questions(psub)
+
+
+def _add_record_level_questions(psub: argparse._SubParsersAction) -> None:
+    """DP-SGD questions: epsilon, noise, steps."""
     eps = psub.add_parser("epsilon", help="epsilon spent by `steps` steps of (sigma, q)")
     _add_privacy_args(eps, sigma=True, steps=True)
     eps.set_defaults(handler=_cmd_privacy_epsilon)
@@ -281,6 +308,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "conversion, integer orders, bisection to 0.01: may exceed epsilon by <= 0.01)",
     )
     steps.set_defaults(handler=_cmd_privacy_steps)
+
+
+def _add_client_level_questions(psub: argparse._SubParsersAction) -> None:
+    """DP-FedAvg questions: client-epsilon, client-noise, client-rounds."""
     # Client-level DP-FedAvg (the unit is one client; README "Client-level DP (DP-FedAvg)").
     c_eps = psub.add_parser(
         "client-epsilon", help="client-level epsilon of `rounds` DP-FedAvg rounds at sigma"
@@ -298,6 +329,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_client_level_args(c_rounds, epsilon=True, sigma=True)
     c_rounds.set_defaults(handler=_cmd_privacy_client_rounds)
 
+
+def _add_data_command(sub: argparse._SubParsersAction) -> None:
+    """`raydpfl data download|stats`."""
     data = sub.add_parser("data", help="datasets: download files, partition statistics")
     dsub = data.add_subparsers(dest="action", required=True, parser_class=_Parser)
     dl = dsub.add_parser("download", help="download a dataset and verify its checksums")
@@ -311,6 +345,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_set(st)
     st.set_defaults(handler=_cmd_data_stats)
 
+
+def _add_tune_command(sub: argparse._SubParsersAction) -> None:
+    """`raydpfl tune`: a Ray Tune sweep."""
     tun = sub.add_parser(
         "tune",
         help="hyperparameter sweep with Ray Tune (a config with a tune: section)",
@@ -325,6 +362,9 @@ def _build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--quiet", action="store_true", help="no Ray Tune progress table")
     tun.set_defaults(handler=_cmd_tune)
 
+
+def _add_report_command(sub: argparse._SubParsersAction) -> None:
+    """`raydpfl report`: figures and report.md of runs or sweeps."""
     rep = sub.add_parser(
         "report", help="figures and a Markdown summary of run or sweep directories"
     )
@@ -341,7 +381,6 @@ def _build_parser() -> argparse.ArgumentParser:
         "default RUN_DIR/report for one directory, required for several",
     )
     rep.set_defaults(handler=_cmd_report)
-    return p
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:

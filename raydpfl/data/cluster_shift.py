@@ -249,70 +249,166 @@ def make_cluster_shift(
         TypeError: If `rng` is not a `numpy.random.Generator`.
     """
     check_rng(rng)
+    sizes, images, labels, test_set, num_classes = _check_cluster_shift_args(
+        x,
+        y,
+        shift=shift,
+        cluster_sizes=cluster_sizes,
+        num_classes=num_classes,
+        split_mode=split_mode,
+        x_test=x_test,
+        y_test=y_test,
+        test_samples_per_client=test_samples_per_client,
+    )
+    clusters = assign_clusters(sizes, rng, shuffle=shuffle_clients)
+    num_clients = len(clusters)
+    per_client = _per_client("samples_per_client", samples_per_client, len(images), num_clients)
+    if test_set is None:
+        sources, train, test = _pool_80_20_shards(
+            images, labels, num_clients, per_client, test_fraction, rng
+        )
+    else:
+        sources, train, test = _official_shards(
+            images, labels, *test_set, num_clients, per_client, test_samples_per_client, rng
+        )
+    x_pool, y_pool = _shifted_pool(sources, clusters, shift, num_classes, images.shape[1:])
+    dataset = _pooled_dataset(f"{name}_{shift}", num_classes, x_pool, y_pool, train, test)
+    return ClusteredFederated(dataset, clusters)
+
+
+#: Where a block of the pool comes from: (images, labels, indices of the records taken).
+_Source = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _check_cluster_shift_args(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    shift: str,
+    cluster_sizes: Sequence[int],
+    num_classes: int | None,
+    split_mode: str,
+    x_test: np.ndarray | None,
+    y_test: np.ndarray | None,
+    test_samples_per_client: int | None,
+) -> tuple[tuple[int, ...], np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None, int]:
+    """`make_cluster_shift`'s arguments checked, before any randomness is drawn.
+
+    Returns:
+        (cluster sizes, images, labels, (test images, test labels) or None outside
+        "official_train_test", num_classes resolved).
+    """
     if shift not in SHIFTS:
         raise ValueError(f"shift must be one of {SHIFTS}, got {shift!r}")
     if split_mode not in SPLIT_MODES:
         raise ValueError(f"split_mode must be one of {SPLIT_MODES}, got {split_mode!r}")
     sizes = _check_cluster_sizes(cluster_sizes)
     images, labels = _check_images("x", x, y)
+    test_set = None
     if split_mode == "official_train_test":
         if x_test is None or y_test is None:
             raise ValueError("split_mode='official_train_test' needs x_test and y_test")
-        test_images, test_labels = _check_images("x_test", x_test, y_test)
-        if test_images.shape[1:] != images.shape[1:]:
+        test_set = _check_images("x_test", x_test, y_test)
+        if test_set[0].shape[1:] != images.shape[1:]:
             raise ValueError(
-                f"x_test images have shape {test_images.shape[1:]}, x has {images.shape[1:]}"
+                f"x_test images have shape {test_set[0].shape[1:]}, x has {images.shape[1:]}"
             )
     elif x_test is not None or y_test is not None or test_samples_per_client is not None:
         raise ValueError("x_test, y_test and test_samples_per_client need official_train_test")
-    all_labels = labels if split_mode == "seed_pool_80_20" else np.r_[labels, test_labels]
+    all_labels = labels if test_set is None else np.r_[labels, test_set[1]]
     inferred = int(all_labels.max()) + 1 if all_labels.size else 1
     num_classes = inferred if num_classes is None else check_int("num_classes", num_classes, 1)
     if inferred > num_classes:
         raise ValueError(f"labels must be < num_classes={num_classes}, got {inferred - 1}")
-    num_clusters = len(sizes)
+    _check_shift_fits(shift, len(sizes), images.shape, num_classes)
+    return sizes, images, labels, test_set, num_classes
+
+
+def _check_shift_fits(
+    shift: str, num_clusters: int, image_shape: tuple[int, ...], num_classes: int
+) -> None:
+    """Every cluster must receive a distinct shift."""
     if shift == "rotation":
         # np.rot90 has only 4 distinct angles: a 5th cluster would repeat cluster 0's
         # distribution (the authors' code rotates by k·360/M instead, §6.10, which for
         # M = 4 is the same k·90°).
         if num_clusters > 4:
             raise ValueError(f"rotation supports at most 4 clusters, got {num_clusters}")
-        if num_clusters > 1 and images.shape[-1] != images.shape[-2]:
-            raise ValueError(f"rotation needs square images, got shape {images.shape[1:]}")
+        if num_clusters > 1 and image_shape[-1] != image_shape[-2]:
+            raise ValueError(f"rotation needs square images, got shape {image_shape[1:]}")
     elif num_clusters > num_classes:
         raise ValueError(
             f"label shift supports at most num_classes={num_classes} clusters, got {num_clusters}"
         )
 
-    clusters = assign_clusters(sizes, rng, shuffle=shuffle_clients)
-    num_clients = len(clusters)
-    per_client = _per_client("samples_per_client", samples_per_client, len(images), num_clients)
-    if split_mode == "seed_pool_80_20":
-        shards = _equal_shards(len(images), num_clients, per_client, rng)
-        sources = [(images, labels, shard) for shard in shards]
-        positions = np.arange(num_clients * per_client, dtype=np.int64)
-        parts = list(positions.reshape(num_clients, per_client))
-        train, test = split_train_test(parts, test_fraction, rng)
-    else:
-        per_test = _per_client(
-            "test_samples_per_client", test_samples_per_client, len(test_images), num_clients
-        )
-        train_shards = _equal_shards(len(images), num_clients, per_client, rng)
-        test_shards = _equal_shards(len(test_images), num_clients, per_test, rng)
-        sources = [(images, labels, s) for s in train_shards]
-        sources += [(test_images, test_labels, s) for s in test_shards]
-        offset = num_clients * per_client
-        train = [np.arange(c * per_client, (c + 1) * per_client) for c in range(num_clients)]
-        test = [
-            np.arange(offset + c * per_test, offset + (c + 1) * per_test)
-            for c in range(num_clients)
-        ]
 
+def _pool_80_20_shards(
+    images: np.ndarray,
+    labels: np.ndarray,
+    num_clients: int,
+    per_client: int,
+    test_fraction: float,
+    rng: np.random.Generator,
+) -> tuple[list[_Source], list[np.ndarray], list[np.ndarray]]:
+    """ "seed_pool_80_20": one shard of the pool per client, split locally into train/test.
+
+    Returns:
+        (sources, train, test): the pool's blocks in client order, and each client's
+        train and test positions in the pool.
+    """
+    shards = _equal_shards(len(images), num_clients, per_client, rng)
+    sources = [(images, labels, shard) for shard in shards]
+    positions = np.arange(num_clients * per_client, dtype=np.int64)
+    parts = list(positions.reshape(num_clients, per_client))
+    train, test = split_train_test(parts, test_fraction, rng)
+    return sources, train, test
+
+
+def _official_shards(
+    images: np.ndarray,
+    labels: np.ndarray,
+    test_images: np.ndarray,
+    test_labels: np.ndarray,
+    num_clients: int,
+    per_client: int,
+    test_samples_per_client: int | None,
+    rng: np.random.Generator,
+) -> tuple[list[_Source], list[np.ndarray], list[np.ndarray]]:
+    """ "official_train_test": train shards of (x, y), then test shards of (x_test, y_test).
+
+    Returns:
+        (sources, train, test) as `_pool_80_20_shards`: the train blocks of all clients
+        come first in the pool, then their test blocks.
+    """
+    per_test = _per_client(
+        "test_samples_per_client", test_samples_per_client, len(test_images), num_clients
+    )
+    train_shards = _equal_shards(len(images), num_clients, per_client, rng)
+    test_shards = _equal_shards(len(test_images), num_clients, per_test, rng)
+    sources = [(images, labels, s) for s in train_shards]
+    sources += [(test_images, test_labels, s) for s in test_shards]
+    offset = num_clients * per_client
+    train = [np.arange(c * per_client, (c + 1) * per_client) for c in range(num_clients)]
+    test = [
+        np.arange(offset + c * per_test, offset + (c + 1) * per_test) for c in range(num_clients)
+    ]
+    return sources, train, test
+
+
+def _shifted_pool(
+    sources: Sequence[_Source],
+    clusters: np.ndarray,
+    shift: str,
+    num_classes: int,
+    record_shape: tuple[int, ...],
+) -> tuple[np.ndarray, np.ndarray]:
+    """(x_pool, y_pool): every block's records, transformed by its client's cluster shift."""
     # The pool holds each client's records once, already transformed by its cluster's
     # shift; block b (client b mod n) fills rows [start_b, start_b + len(block)). It is
     # preallocated so that a large dataset (CIFAR10) is copied only once.
+    num_clients = len(clusters)
     total = sum(len(idx) for _, _, idx in sources)
-    x_pool = np.empty((total, *images.shape[1:]), dtype=np.float32)
+    x_pool = np.empty((total, *record_shape), dtype=np.float32)
     y_pool = np.empty(total, dtype=np.int64)
     start = 0
     for block, (src_x, src_y, idx) in enumerate(sources):
@@ -323,13 +419,26 @@ def make_cluster_shift(
             shift_labels(src_y[idx], k, num_classes) if shift == "label" else src_y[idx]
         )
         start = stop
+    return x_pool, y_pool
+
+
+def _pooled_dataset(
+    name: str,
+    num_classes: int,
+    x_pool: np.ndarray,
+    y_pool: np.ndarray,
+    train: Sequence[np.ndarray],
+    test: Sequence[np.ndarray],
+) -> FederatedDataset:
+    """The `FederatedDataset` of the pool, whose central test set is the union of the
+    client test splits: with per-cluster shifts there is no single central distribution."""
     train = [np.asarray(t, dtype=np.int64) for t in train]
     test = [np.asarray(t, dtype=np.int64) for t in test]
     test_all = np.concatenate(test) if test else np.empty(0, np.int64)
-    dataset = FederatedDataset(
-        name=f"{name}_{shift}",
+    return FederatedDataset(
+        name=name,
         num_classes=num_classes,
-        input_shape=tuple(int(d) for d in images.shape[1:]),
+        input_shape=tuple(int(d) for d in x_pool.shape[1:]),
         x=x_pool,
         y=y_pool,
         client_train=tuple(train),
@@ -337,7 +446,6 @@ def make_cluster_shift(
         x_test=x_pool[test_all],
         y_test=y_pool[test_all],
     )
-    return ClusteredFederated(dataset, clusters)
 
 
 def make_rotation_clusters(

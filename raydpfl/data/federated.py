@@ -267,6 +267,35 @@ def federate(
         ValueError: If `partition`, `pool` or `split_rounding` is unknown, an argument
             is out of range, or pool="all" with client_test_fraction == 0.
     """
+    _check_federate_args(partition, pool, split_rounding, client_test_fraction)
+    num_clients = check_int("num_clients", num_clients, 1)
+    check_rng(rng)
+    x, y = _pooled(dataset, pool)
+    if num_clients > len(y):
+        raise ValueError(
+            f"num_clients ({num_clients}) must be <= the {len(y)} pooled samples "
+            f"of {dataset.name} (pool={pool!r})"
+        )
+    parts = _partition(
+        dataset,
+        y,
+        pool=pool,
+        num_clients=num_clients,
+        partition=partition,
+        rng=rng,
+        alpha=alpha,
+        shards_per_client=shards_per_client,
+        min_samples_per_client=min_samples_per_client,
+        classes_per_client=classes_per_client,
+        sizes=(size_distribution, size_sigma, power_law_exponent),
+    )
+    train, test = split_train_test(parts, client_test_fraction, rng, rounding=split_rounding)
+    return _federated_dataset(dataset, x, y, train, test, pool)
+
+
+def _check_federate_args(
+    partition: str, pool: str, split_rounding: str, client_test_fraction: float
+) -> None:
     if partition not in _PARTITIONS:
         raise ValueError(f"partition must be one of {_PARTITIONS}, got {partition!r}")
     if pool not in _POOLS:
@@ -282,42 +311,69 @@ def federate(
             "client_test_fraction must be > 0 with pool='all' (the central test set is "
             f"the union of the client test splits), got {client_test_fraction!r}"
         )
-    num_clients = check_int("num_clients", num_clients, 1)
-    check_rng(rng)
+
+
+def _pooled(dataset: ArrayDataset, pool: str) -> tuple[np.ndarray, np.ndarray]:
+    """The records the clients share: x_train itself (pool="train", not copied), or a copy
+    of x_train followed by x_test (pool="all")."""
     if pool == "all":
         x = np.concatenate([dataset.x_train, dataset.x_test])
         y = np.concatenate([dataset.y_train, dataset.y_test])
-    else:
-        x, y = dataset.x_train, dataset.y_train
+        return x, y
+    return dataset.x_train, dataset.y_train
+
+
+def _partition(
+    dataset: ArrayDataset,
+    y: np.ndarray,
+    *,
+    pool: str,
+    num_clients: int,
+    partition: str,
+    rng: np.random.Generator,
+    alpha: float,
+    shards_per_client: int,
+    min_samples_per_client: int | None,
+    classes_per_client: int,
+    sizes: tuple[str, float, float],
+) -> list[np.ndarray]:
+    """Each client's share of the pool (labels `y`), by `federate`'s `partition`.
+
+    `sizes` is (size_distribution, size_sigma, power_law_exponent) of the size-skewed
+    partitions.
+    """
     num_samples = len(y)
-    if num_clients > num_samples:
-        raise ValueError(
-            f"num_clients ({num_clients}) must be <= the {num_samples} pooled samples "
-            f"of {dataset.name} (pool={pool!r})"
-        )
     if partition == "iid":
-        parts = partition_iid(num_samples, num_clients, rng)
-    elif partition == "dirichlet":
-        minimum = 2 if min_samples_per_client is None else min_samples_per_client
-        parts = partition_dirichlet(y, num_clients, alpha, rng, minimum)
-    elif partition == "dirichlet_capped":
-        minimum = 10 if min_samples_per_client is None else min_samples_per_client
-        parts = partition_dirichlet_capped(y, num_clients, alpha, rng, minimum)
-    elif partition == "shards":
-        parts = partition_shards(y, num_clients, shards_per_client, rng)
-    else:
-        minimum = 2 if min_samples_per_client is None else min_samples_per_client
-        sizes = (size_distribution, size_sigma, power_law_exponent)
-        if partition == "natural":
-            ids = _natural_ids(dataset, pool)
-            parts = partition_natural(ids, num_clients, rng, minimum)
-        elif partition == "k_classes":
-            parts = partition_k_classes(y, num_clients, classes_per_client, rng, minimum)
-        elif partition == "size_skew":
-            parts = partition_size_skew(num_samples, num_clients, rng, *sizes, minimum)
-        else:
-            parts = partition_dirichlet_sizes(y, num_clients, alpha, rng, *sizes, minimum)
-    train, test = split_train_test(parts, client_test_fraction, rng, rounding=split_rounding)
+        return partition_iid(num_samples, num_clients, rng)
+    if partition == "shards":
+        return partition_shards(y, num_clients, shards_per_client, rng)
+    # PFLlib's capped Dirichlet keeps its own default minimum share (10); the others, 2.
+    default_minimum = 10 if partition == "dirichlet_capped" else 2
+    minimum = default_minimum if min_samples_per_client is None else min_samples_per_client
+    if partition == "dirichlet":
+        return partition_dirichlet(y, num_clients, alpha, rng, minimum)
+    if partition == "dirichlet_capped":
+        return partition_dirichlet_capped(y, num_clients, alpha, rng, minimum)
+    if partition == "natural":
+        return partition_natural(_natural_ids(dataset, pool), num_clients, rng, minimum)
+    if partition == "k_classes":
+        return partition_k_classes(y, num_clients, classes_per_client, rng, minimum)
+    if partition == "size_skew":
+        return partition_size_skew(num_samples, num_clients, rng, *sizes, minimum)
+    return partition_dirichlet_sizes(y, num_clients, alpha, rng, *sizes, minimum)
+
+
+def _federated_dataset(
+    dataset: ArrayDataset,
+    x: np.ndarray,
+    y: np.ndarray,
+    train: Sequence[np.ndarray],
+    test: Sequence[np.ndarray],
+    pool: str,
+) -> FederatedDataset:
+    """The pool and the client splits, with the central test set: `dataset`'s own for
+    pool="train"; for pool="all" (no held-out data left) the union of the client test
+    splits, gathered in client order."""
     if pool == "all":
         test_idx = np.concatenate(test)
         x_test, y_test = x[test_idx], y[test_idx]

@@ -91,29 +91,51 @@ def render_markdown(
     notes: Sequence[str] = (),
 ) -> str:
     """The text of report.md."""
+    out = _header(runs)
+    out += _runs_section(runs, out_dir)
+    out += _varying_section(runs, varying)
+    out += _fairness_section(runs)
+    out += _figures_section(figures, constants)
+    out += _releases_section(runs)
+    out += _notes_section(runs, notes)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _installed_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        __version__ = version("raydpfl")
+        return version("raydpfl")
     except PackageNotFoundError:  # a source tree that was never installed
-        __version__ = "(not installed)"
+        return "(not installed)"
 
+
+def _plural(count: int, word: str) -> str:
+    return f"{word}{'s' if count != 1 else ''}"
+
+
+def _what_is_reported(runs: Sequence[Run]) -> str:
+    """The report's subject: N runs, or N trials of the named sweeps."""
     sweeps = sorted({r.sweep for r in runs if r.sweep is not None})
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sweep_word = _plural(len(sweeps), "sweep")
     if sweeps and all(r.sweep is not None for r in runs):
-        what = (
-            f"{len(runs)} trial{'s' if len(runs) != 1 else ''} of sweep"
-            f"{'s' if len(sweeps) > 1 else ''} {', '.join(sweeps)}, ranked by best test accuracy"
+        return (
+            f"{len(runs)} {_plural(len(runs), 'trial')} of {sweep_word} "
+            f"{', '.join(sweeps)}, ranked by best test accuracy"
         )
-    else:
-        what = f"{len(runs)} run{'s' if len(runs) != 1 else ''}"
-        if sweeps:
-            what += f" (with sweep{'s' if len(sweeps) > 1 else ''} {', '.join(sweeps)}; "
-            what += "ranked by best test accuracy)"
-    out = [
+    what = f"{len(runs)} {_plural(len(runs), 'run')}"
+    if sweeps:
+        what += f" (with {sweep_word} {', '.join(sweeps)}; ranked by best test accuracy)"
+    return what
+
+
+def _header(runs: Sequence[Run]) -> list[str]:
+    """Title, what is reported, when and by which version, and how to read the numbers."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [
         "# raydpfl report",
         "",
-        f"{what}; generated {stamp} by raydpfl {__version__}.",
+        f"{_what_is_reported(runs)}; generated {stamp} by raydpfl {_installed_version()}.",
         "",
         "Accuracy is the global model's on the central test set, at evaluated rounds. "
         "ε is the largest record-level ε any client spent (per-client DP), at the δ and "
@@ -122,67 +144,78 @@ def render_markdown(
         "## Runs",
         "",
     ]
-    rows = []
-    for i, run in enumerate(runs, 1):
-        planned = run.rounds_planned
-        best_round = run.best_round
-        rows.append(
-            [
-                i,
-                _link(run, out_dir),
-                run.experiment,
-                run.algorithm,
-                run.dataset,
-                f"{run.rounds_completed}/{planned}" if planned else run.rounds_completed,
-                _num(run.best_accuracy)
-                + (f" (round {best_round})" if best_round is not None else ""),
-                _num(run.final_accuracy),
-                _epsilon(run),
-                _num(run.delta, "g") if run.private else "–",
-                run.accountant if run.private else "–",
-                _duration(run.wall_seconds),
-                run.stop_reason,
-            ]
-        )
+
+
+_RUN_COLUMNS = (
+    "#",
+    "run",
+    "experiment",
+    "algorithm",
+    "dataset",
+    "rounds",
+    "best accuracy",
+    "final accuracy",
+    "ε",
+    "δ",
+    "accountant",
+    "wall time",
+    "stop reason",
+)
+
+
+def _run_row(i: int, run: Run, out_dir: Path) -> list[Any]:
+    planned = run.rounds_planned
+    best_round = run.best_round
+    return [
+        i,
+        _link(run, out_dir),
+        run.experiment,
+        run.algorithm,
+        run.dataset,
+        f"{run.rounds_completed}/{planned}" if planned else run.rounds_completed,
+        _num(run.best_accuracy) + (f" (round {best_round})" if best_round is not None else ""),
+        _num(run.final_accuracy),
+        _epsilon(run),
+        _num(run.delta, "g") if run.private else "–",
+        run.accountant if run.private else "–",
+        _duration(run.wall_seconds),
+        run.stop_reason,
+    ]
+
+
+def _runs_section(runs: Sequence[Run], out_dir: Path) -> list[str]:
+    """The table of runs (its heading closes the header)."""
+    return _table(_RUN_COLUMNS, [_run_row(i, run, out_dir) for i, run in enumerate(runs, 1)])
+
+
+def _varying_section(runs: Sequence[Run], varying: Mapping[str, Sequence[Any]]) -> list[str]:
+    """The settings that differ between several runs, the first `MAX_VARYING_COLUMNS` as
+    columns and the rest named below."""
+    if not varying or len(runs) <= 1:
+        return []
+    keys = list(varying)[:MAX_VARYING_COLUMNS]
+    out = ["", "## Settings that differ between the runs", ""]
     out += _table(
+        ["#", "run", *keys],
         [
-            "#",
-            "run",
-            "experiment",
-            "algorithm",
-            "dataset",
-            "rounds",
-            "best accuracy",
-            "final accuracy",
-            "ε",
-            "δ",
-            "accountant",
-            "wall time",
-            "stop reason",
+            [i, run.label, *(_value(varying[k][i - 1]) for k in keys)]
+            for i, run in enumerate(runs, 1)
         ],
-        rows,
     )
+    if len(varying) > len(keys):
+        rest = ", ".join(f"`{k}`" for k in list(varying)[len(keys) :])
+        out += ["", f"Also differ: {rest}."]
+    return out
 
-    if varying and len(runs) > 1:
-        keys = list(varying)[:MAX_VARYING_COLUMNS]
-        out += ["", "## Settings that differ between the runs", ""]
-        out += _table(
-            ["#", "run", *keys],
-            [
-                [i, run.label, *(_value(varying[k][i - 1]) for k in keys)]
-                for i, run in enumerate(runs, 1)
-            ],
-        )
-        if len(varying) > len(keys):
-            rest = ", ".join(f"`{k}`" for k in list(varying)[len(keys) :])
-            out += ["", f"Also differ: {rest}."]
 
-    fair_rows = []
+def _fairness_section(runs: Sequence[Run]) -> list[str]:
+    """Per-client fairness at the last evaluated round; nothing when no run has clients."""
+    rows = []
     for i, run in enumerate(runs, 1):
         last = last_fairness(run)
         if last is None:
             continue
-        fair_rows.append(
+        rows.append(
             [
                 i,
                 run.label,
@@ -195,32 +228,24 @@ def render_markdown(
                 _num(last["psi"], ".4g"),
             ]
         )
-    if fair_rows:
-        out += [
-            "",
-            "## Fairness over clients at the last evaluated round",
-            "",
-            "Global model on each client's held-out records; clients without held-out "
-            "records are left out. Ψ: variance of the clients' test losses weighted by "
-            "training-set size.",
-            "",
-        ]
-        out += _table(
-            [
-                "#",
-                "run",
-                "round",
-                "clients",
-                "mean accuracy",
-                "std",
-                "worst",
-                "worst 10%",
-                "Ψ",
-            ],
-            fair_rows,
-        )
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Fairness over clients at the last evaluated round",
+        "",
+        "Global model on each client's held-out records; clients without held-out "
+        "records are left out. Ψ: variance of the clients' test losses weighted by "
+        "training-set size.",
+        "",
+    ]
+    header = ["#", "run", "round", "clients", "mean accuracy", "std", "worst", "worst 10%", "Ψ"]
+    return out + _table(header, rows)
 
-    out += ["", "## Figures", ""]
+
+def _figures_section(figures: Sequence[Figure], constants: Mapping[str, float]) -> list[str]:
+    """The drawn figures, then those not drawn (and why), then the constant columns."""
+    out = ["", "## Figures", ""]
     missing = []
     for fig in figures:
         if fig.path is None:
@@ -232,8 +257,12 @@ def render_markdown(
     if constants:
         consts = ", ".join(f"`{k}` = {v:g}" for k, v in constants.items())
         out += [f"Round columns with one value throughout (not drawn): {consts}.", ""]
+    return out
 
-    out += [
+
+def _releases_section(runs: Sequence[Run]) -> list[str]:
+    """Each run's releases that its ε does not cover (summary.json's own list)."""
+    out = [
         "## Releases outside the privacy accounting",
         "",
         "What each run published that its ε does not cover (summary.json `unaccounted_releases`).",
@@ -249,17 +278,23 @@ def render_markdown(
         else:
             out.append("- none")
         out.append("")
-    if notes or any(not r.finished for r in runs):
-        out += ["## Notes", ""]
-        out += [f"- {_cell(n)}" for n in notes]
-        out += [
-            f"- {_cell(r.label)}: no summary.json (interrupted or still running); figures "
-            "come from its finished rounds"
-            for r in runs
-            if not r.finished
-        ]
-        out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    return out
+
+
+def _notes_section(runs: Sequence[Run], notes: Sequence[str]) -> list[str]:
+    """The caller's notes and the unfinished runs; nothing when there are neither."""
+    if not notes and all(r.finished for r in runs):
+        return []
+    out = ["## Notes", ""]
+    out += [f"- {_cell(n)}" for n in notes]
+    out += [
+        f"- {_cell(r.label)}: no summary.json (interrupted or still running); figures "
+        "come from its finished rounds"
+        for r in runs
+        if not r.finished
+    ]
+    out.append("")
+    return out
 
 
 def last_fairness(run: Run) -> dict[str, float] | None:
