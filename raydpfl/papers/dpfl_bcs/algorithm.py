@@ -2,7 +2,8 @@
 
 Paper: Ma et al., "The Power of Bias: Optimizing Client Selection in Federated Learning with
 Heterogeneous Differential Privacy"; spec shared/specs/dpfl-bcs.md (cited as §). The maths is
-in `raydpfl.papers.dpfl_bcs.theory`; this module is the server and client halves.
+in this folder's `calibration`, `bound`, `planning`, `estimation` and `sampling` modules; this
+module is the server and client halves.
 
 Client half (Algorithm 2, §6.5 ClientStep): one full-batch step from the broadcast model.
 Per-sample gradients of all D_n records are clipped (L2 to B for the Gaussian mechanism, L1 to
@@ -79,7 +80,28 @@ from raydpfl.algorithms.base import (
 )
 from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
 from raydpfl.papers.dpfl_bcs import baselines as bl
-from raydpfl.papers.dpfl_bcs import theory as th
+from raydpfl.papers.dpfl_bcs.bound import p1_ratio
+from raydpfl.papers.dpfl_bcs.calibration import (
+    DEFAULT_C2,
+    GaussianCalibration,
+    NoiseConstants,
+    gaussian_noise_std,
+    gradient_sensitivity,
+    laplace_noise_scale,
+    noise_constants,
+    paper_alg2_sigma,
+    stage1_sensitivity,
+)
+from raydpfl.papers.dpfl_bcs.estimation import (
+    P2_START,
+    Table3Row,
+    estimate_noniid_degree,
+    estimate_rho_min,
+    solve_p2,
+    stage1_global_loss,
+)
+from raydpfl.papers.dpfl_bcs.planning import round_plan, solve_p1
+from raydpfl.papers.dpfl_bcs.sampling import sample_clients
 from raydpfl.privacy.kernel import (
     CertifiedGaussianRelease,
     GaussianRelease,
@@ -88,6 +110,11 @@ from raydpfl.privacy.kernel import (
     uses,
 )
 from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.mechanisms import (
+    gaussian_sigma_zcdp,
+    zcdp_epsilon,
+    zcdp_rho,
+)
 
 Mechanism = Literal["gaussian", "laplace", "none"]
 Selection = Literal["bcs", "uniform"]
@@ -134,12 +161,12 @@ class DpflBcs(Algorithm):
         num_params: int,
         selection: Selection = "bcs",
         stage1_rounds: int = 10,
-        calibration: th.GaussianCalibration = "zcdp",
-        c2: float = th.DEFAULT_C2,
+        calibration: GaussianCalibration = "zcdp",
+        c2: float = DEFAULT_C2,
         loss_bound: float = math.log(10.0),
         aggregation: Aggregation = "mean",
         constants: Constants = "estimate",
-        fixed_constants: th.Table3Row | None = None,
+        fixed_constants: Table3Row | None = None,
         z_override: float | None = None,
         sampler: Literal["systematic", "choice"] = "systematic",
         weight_decay: float = 0.0,
@@ -169,6 +196,17 @@ class DpflBcs(Algorithm):
         self._velocity: Params | None = None  # server momentum v (checkpointed as tensors)
         self.pfa_public_fraction = float(pfa_public_fraction)
         self.pfa_rank = int(pfa_rank)
+        self._init_clients(epsilons, deltas, train_sizes, num_params)
+        self._init_plan()
+
+    def _init_clients(
+        self,
+        epsilons: Sequence[float],
+        deltas: Sequence[float],
+        train_sizes: Sequence[int],
+        num_params: int,
+    ) -> None:
+        """The clients' budgets and sizes, checked, and the run's per-client counters."""
         self.eps = np.asarray(epsilons, dtype=float)
         self.deltas = np.asarray(deltas, dtype=float)
         self.sizes = np.asarray(train_sizes, dtype=float)
@@ -178,24 +216,24 @@ class DpflBcs(Algorithm):
             raise ValueError("epsilons, deltas and train_sizes must have one entry per client")
         if self.k > self.n:
             raise ValueError(f"clients_per_round ({self.k}) > number of clients ({self.n})")
-        if selection == "bcs" and not 2 <= self.t0 < self.rounds:
+        if self.selection == "bcs" and not 2 <= self.t0 < self.rounds:
             raise ValueError(f"stage1_rounds must be in [2, rounds), got {self.t0}")
-        self.private = mechanism != "none"
+        self.private = self.mechanism != "none"
         if self.private and np.any(self.eps <= 0):
             raise ValueError("every epsilon_n must be > 0")
-        if mechanism == "gaussian" and np.any((self.deltas <= 0) | (self.deltas >= 1)):
+        if self.mechanism == "gaussian" and np.any((self.deltas <= 0) | (self.deltas >= 1)):
             raise ValueError("the Gaussian mechanism needs every delta_n in (0, 1)")
         self.pfa_public = (
             bl.pfa_public_mask(self.eps, self.pfa_public_fraction)
-            if aggregation == "pfa"
+            if self.aggregation == "pfa"
             else np.zeros(self.n, dtype=bool)
         )
         # Remaining budgets in the calibration's units (the ledger is the source of truth).
         self.rem_eps = self.eps.copy()
-        self.rem_delta = self.deltas.copy() if mechanism == "gaussian" else np.zeros(self.n)
+        self.rem_delta = self.deltas.copy() if self.mechanism == "gaussian" else np.zeros(self.n)
         self.rho_total = (
-            np.array([th.zcdp_rho(e, d) for e, d in zip(self.eps, self.deltas, strict=True)])
-            if mechanism == "gaussian" and calibration == "zcdp"
+            np.array([zcdp_rho(e, d) for e, d in zip(self.eps, self.deltas, strict=True)])
+            if self.mechanism == "gaussian" and self.calibration == "zcdp"
             else np.zeros(self.n)
         )
         self.rem_rho = self.rho_total.copy()
@@ -207,19 +245,22 @@ class DpflBcs(Algorithm):
         self.estimates: dict[str, Any] = {}
         self.plan_history: dict[str, list[int]] = {}
         self._psg: dict[int, Any] = {}
-        self.stage = 1 if selection == "bcs" else 2
-        horizon = self.rounds - self.t0 if selection == "bcs" else self.rounds
-        if selection == "bcs":
+        self.stage = 1 if self.selection == "bcs" else 2
+
+    def _init_plan(self) -> None:
+        """Installs the first stage's integer plan (stage 1 under BCS, else the only one)."""
+        horizon = self.rounds - self.t0 if self.selection == "bcs" else self.rounds
+        if self.selection == "bcs":
             # Stage 1: Proposition 1's plan over the whole horizon T, capped at T (§8.3, §8.5).
             phi = self._noise_constants(np.arange(self.n)).phi
             z = self._z(self._noise_constants(np.arange(self.n)).z)
-            relaxed = th.solve_p1(phi, np.zeros(self.n), 0.0, self.k * self.rounds, self.rounds, z)
-            self._start_stage(th.round_plan(relaxed, self.k * self.rounds, self.rounds), 1)
+            relaxed = solve_p1(phi, np.zeros(self.n), 0.0, self.k * self.rounds, self.rounds, z)
+            self._start_stage(round_plan(relaxed, self.k * self.rounds, self.rounds), 1)
         elif not self.private:  # FedSGD: no budget, so no plan limits participation
             self._start_stage(np.full(self.n, horizon, dtype=np.int64), 2)
         else:
             uniform = np.full(self.n, self.k * horizon / self.n)
-            self._start_stage(th.round_plan(uniform, self.k * horizon, horizon), 2)
+            self._start_stage(round_plan(uniform, self.k * horizon, horizon), 2)
 
     # ---- budgets and plans -----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -231,10 +272,10 @@ class DpflBcs(Algorithm):
     def _z(self, z: float) -> float:
         return float(self.z_override) if self.z_override is not None else float(z)
 
-    def _noise_constants(self, idx: np.ndarray) -> th.NoiseConstants:
+    def _noise_constants(self, idx: np.ndarray) -> NoiseConstants:
         """(Λ, z, Φ_n) of Eq. (7) at the clients' remaining budgets (§9.1 [REC])."""
         mech = "laplace" if self.mechanism == "laplace" else "gaussian"
-        return th.noise_constants(
+        return noise_constants(
             mech,
             self.clip,
             self.num_params,
@@ -264,23 +305,18 @@ class DpflBcs(Algorithm):
             t_n = int(self.tplan[c])
             if self.mechanism == "laplace":
                 self.share[c] = self.rem_eps[c] / t_n * (1 - BUDGET_SLACK)
-                self.multiplier[c] = th.laplace_noise_scale(1.0, self.share[c], 1)
+                self.multiplier[c] = laplace_noise_scale(1.0, self.share[c], 1)
             elif self.calibration == "zcdp":
                 self.share[c] = self.rem_rho[c] / t_n * (1 - BUDGET_SLACK)
-                self.multiplier[c] = th.gaussian_sigma_zcdp(1.0, self.share[c])
+                self.multiplier[c] = gaussian_sigma_zcdp(1.0, self.share[c])
             elif self.calibration == "paper_alg2":
                 self.share[c] = self.rem_eps[c] / t_n * (1 - BUDGET_SLACK)
                 self.share_delta[c] = self.rem_delta[c] / t_n * (1 - BUDGET_SLACK)
-                eps_l, delta_l = self.share[c], self.share_delta[c]
-                self.multiplier[c] = (
-                    th.gaussian_sigma_classic(1.0, eps_l, delta_l)
-                    if eps_l < 1
-                    else th.gaussian_sigma_analytic(1.0, eps_l, delta_l)
-                )
+                self.multiplier[c] = paper_alg2_sigma(1.0, self.share[c], self.share_delta[c])
             else:  # thm2_c2: Lemma 1 literally; the ledger's accountant prices it
                 self.share[c] = self.rem_eps[c] / t_n
                 self.share_delta[c] = self.rem_delta[c] / t_n
-                self.multiplier[c] = th.gaussian_noise_std(
+                self.multiplier[c] = gaussian_noise_std(
                     1.0, self.rem_eps[c], self.rem_delta[c], t_n, calibration="thm2_c2", c2=self.c2
                 )
 
@@ -331,7 +367,7 @@ class DpflBcs(Algorithm):
             p = weights[idx] / weights[idx].sum()
             chosen = rng.choice(idx, size=min(self.k, idx.size), replace=False, p=p)
             return sorted(int(c) for c in chosen)
-        return [int(c) for c in th.sample_clients(weights, self.k, rng, avail)]
+        return [int(c) for c in sample_clients(weights, self.k, rng, avail)]
 
     def lr_at(self, round_idx: int) -> float:
         """η_t of 0-based round `round_idx` (t = round_idx + 1)."""
@@ -346,9 +382,9 @@ class DpflBcs(Algorithm):
         for c in cohort:
             size = float(train_sizes[c])
             if stage1:
-                sens = th.stage1_sensitivity(lr, self.clip, self.loss_bound, size)
+                sens = stage1_sensitivity(lr, self.clip, self.loss_bound, size)
             else:
-                sens = th.gradient_sensitivity(lr, self.clip, size)
+                sens = gradient_sensitivity(lr, self.clip, size)
             release = self.mechanism_of(int(c), sens)
             tasks.append(
                 ClientTask(
@@ -427,7 +463,7 @@ class DpflBcs(Algorithm):
         if self.mechanism == "gaussian" and self.calibration == "zcdp":
             self.rem_rho[c] = max(0.0, self.rem_rho[c] - self.share[c])
             # The (ε, δ) left, for reporting: the conversion of the remaining ρ.
-            self.rem_eps[c] = th.zcdp_epsilon(self.rem_rho[c], self.deltas[c])
+            self.rem_eps[c] = zcdp_epsilon(self.rem_rho[c], self.deltas[c])
         else:
             self.rem_eps[c] = max(0.0, self.rem_eps[c] - self.share[c])
             self.rem_delta[c] = max(0.0, self.rem_delta[c] - self.share_delta[c])
@@ -448,7 +484,7 @@ class DpflBcs(Algorithm):
         t0, k = self.t0, self.k
         reported = ~np.all(np.isnan(self.loss_before), axis=0)
         gamma = (
-            th.estimate_noniid_degree(self.loss_before, self.loss_after)
+            estimate_noniid_degree(self.loss_before, self.loss_after)
             if reported.any()
             else np.zeros(self.n)
         )
@@ -456,10 +492,10 @@ class DpflBcs(Algorithm):
         ref = self.loss_before[t0 - 1]
         est: dict[str, Any] = {"rho_min_fallback": False, "p2_fallback": False}
         try:
-            rho_min = th.estimate_rho_min(counts, ref, k, t0)
+            rho_min = estimate_rho_min(counts, ref, k, t0)
         except ValueError:
             rho_min, est["rho_min_fallback"] = 1.0, True
-        nc1 = th.noise_constants(
+        nc1 = noise_constants(
             "laplace" if self.mechanism == "laplace" else "gaussian",
             self.clip,
             self.num_params,
@@ -473,8 +509,8 @@ class DpflBcs(Algorithm):
         p2 = None
         if self.constants == "estimate":
             try:
-                p2 = th.solve_p2(
-                    th.stage1_global_loss(ref),
+                p2 = solve_p2(
+                    stage1_global_loss(ref),
                     counts,
                     nc1.phi,
                     gamma,
@@ -487,7 +523,7 @@ class DpflBcs(Algorithm):
                 lip, mu, offset = p2.smoothness, p2.strong_convexity, p2.lr_offset
             except (ValueError, RuntimeError):
                 est["p2_fallback"] = True
-                start = th.P2_START
+                start = P2_START
                 lip, mu, offset = start["smoothness"], start["strong_convexity"], 16.0
         else:
             assert self.fixed_constants is not None
@@ -501,12 +537,12 @@ class DpflBcs(Algorithm):
         ratio = float("nan")
         if active.size:
             nc2 = self._noise_constants(active)
-            ratio = th.p1_ratio(lip, mu, offset, nc2.noise_lambda, k, horizon)
+            ratio = p1_ratio(lip, mu, offset, nc2.noise_lambda, k, horizon)
             if active.size * horizon <= total:
                 plan[active] = horizon
             else:
-                relaxed = th.solve_p1(nc2.phi, gamma[active], ratio, total, horizon, z)
-                plan[active] = th.round_plan(relaxed, total, horizon)
+                relaxed = solve_p1(nc2.phi, gamma[active], ratio, total, horizon, z)
+                plan[active] = round_plan(relaxed, total, horizon)
         est.update(
             rho_min=rho_min,
             lr_offset=offset,

@@ -28,6 +28,11 @@ from raydpfl.config.schema import Config, ConfigError, DataConfig
 from raydpfl.data.cluster_shift import make_cluster_shift
 from raydpfl.data.datasets import load_dataset
 from raydpfl.data.federated import FederatedDataset
+from raydpfl.papers.rc_dpfl.accounting import (
+    steps_per_round,
+    two_stage_epsilon,
+    two_stage_noise_multiplier,
+)
 from raydpfl.papers.rc_dpfl.algorithm import RcDpfl
 from raydpfl.papers.rc_dpfl.baselines import (
     ClusteredDPFedAvg,
@@ -36,11 +41,6 @@ from raydpfl.papers.rc_dpfl.baselines import (
     LocalDPSGD,
     MrMtl,
     OracleCDPFL,
-)
-from raydpfl.papers.rc_dpfl.theory import (
-    steps_per_round,
-    two_stage_epsilon,
-    two_stage_noise_multiplier,
 )
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.calibration import noise_multiplier_for
