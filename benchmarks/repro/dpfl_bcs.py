@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from raydpfl.config import config_from_dict  # noqa: E402
-from raydpfl.papers.dpfl_bcs.theory import TABLE_III  # noqa: E402
+from raydpfl.papers.dpfl_bcs.estimation import TABLE_III  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _record  # noqa: E402

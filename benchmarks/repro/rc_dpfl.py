@@ -274,7 +274,7 @@ def run_one(setting: str, method: str, eps: float, seed: int, args: argparse.Nam
     import torch
 
     from raydpfl.experiment.build import build_experiment, make_local_backend, make_server
-    from raydpfl.papers.rc_dpfl.theory import (
+    from raydpfl.papers.rc_dpfl.metrics import (
         fairness_accuracy,
         fairness_loss,
         group_accuracies,

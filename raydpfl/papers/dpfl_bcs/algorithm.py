@@ -2,7 +2,8 @@
 
 Paper: Ma et al., "The Power of Bias: Optimizing Client Selection in Federated Learning with
 Heterogeneous Differential Privacy"; spec shared/specs/dpfl-bcs.md (cited as §). The maths is
-in `raydpfl.papers.dpfl_bcs.theory`; this module is the server and client halves.
+in this folder's `calibration`, `bound`, `planning`, `estimation` and `sampling` modules, the
+client half in `client` (`BcsClientStep`); this module is the server half and the class.
 
 Client half (Algorithm 2, §6.5 ClientStep): one full-batch step from the broadcast model.
 Per-sample gradients of all D_n records are clipped (L2 to B for the Gaussian mechanism, L1 to
@@ -65,21 +66,38 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
 from raydpfl.algorithms.base import (
     Algorithm,
-    ClientContext,
-    ClientData,
     ClientResult,
     ClientTask,
     Params,
-    privacy_session,
 )
 from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
 from raydpfl.papers.dpfl_bcs import baselines as bl
-from raydpfl.papers.dpfl_bcs import theory as th
+from raydpfl.papers.dpfl_bcs.bound import p1_ratio
+from raydpfl.papers.dpfl_bcs.calibration import (
+    DEFAULT_C2,
+    GaussianCalibration,
+    NoiseConstants,
+    gaussian_noise_std,
+    gradient_sensitivity,
+    laplace_noise_scale,
+    noise_constants,
+    paper_alg2_sigma,
+    stage1_sensitivity,
+)
+from raydpfl.papers.dpfl_bcs.client import BcsClientStep
+from raydpfl.papers.dpfl_bcs.estimation import (
+    P2_START,
+    Table3Row,
+    estimate_noniid_degree,
+    estimate_rho_min,
+    solve_p2,
+    stage1_global_loss,
+)
+from raydpfl.papers.dpfl_bcs.planning import round_plan, solve_p1
+from raydpfl.papers.dpfl_bcs.sampling import sample_clients
 from raydpfl.privacy.kernel import (
     CertifiedGaussianRelease,
     GaussianRelease,
@@ -88,6 +106,11 @@ from raydpfl.privacy.kernel import (
     uses,
 )
 from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.mechanisms import (
+    gaussian_sigma_zcdp,
+    zcdp_epsilon,
+    zcdp_rho,
+)
 
 Mechanism = Literal["gaussian", "laplace", "none"]
 Selection = Literal["bcs", "uniform"]
@@ -99,7 +122,6 @@ Constants = Literal["estimate", "table3", "fixed"]
 BUDGET_SLACK = 1e-9
 #: A remaining budget at or below this fraction of the total counts as spent.
 SPENT_TOL = 1e-6
-_CHUNK = 256
 
 
 def learning_rate(lr0: float, tau: float, t: int) -> float:
@@ -107,12 +129,7 @@ def learning_rate(lr0: float, tau: float, t: int) -> float:
     return lr0 / (1.0 + t / tau)
 
 
-def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """min(1, B/‖g‖): the seed's per-sample clipping rule (L2 for GM, L1 for LM, §6.5 b)."""
-    return torch.clamp(clip / (norms + 1e-12), max=1.0)
-
-
-class DpflBcs(Algorithm):
+class DpflBcs(BcsClientStep, Algorithm):
     """DPFL-BCS (``selection="bcs"``) and its uniform-selection DP baselines."""
 
     name = "dpfl_bcs"
@@ -134,12 +151,12 @@ class DpflBcs(Algorithm):
         num_params: int,
         selection: Selection = "bcs",
         stage1_rounds: int = 10,
-        calibration: th.GaussianCalibration = "zcdp",
-        c2: float = th.DEFAULT_C2,
+        calibration: GaussianCalibration = "zcdp",
+        c2: float = DEFAULT_C2,
         loss_bound: float = math.log(10.0),
         aggregation: Aggregation = "mean",
         constants: Constants = "estimate",
-        fixed_constants: th.Table3Row | None = None,
+        fixed_constants: Table3Row | None = None,
         z_override: float | None = None,
         sampler: Literal["systematic", "choice"] = "systematic",
         weight_decay: float = 0.0,
@@ -169,6 +186,17 @@ class DpflBcs(Algorithm):
         self._velocity: Params | None = None  # server momentum v (checkpointed as tensors)
         self.pfa_public_fraction = float(pfa_public_fraction)
         self.pfa_rank = int(pfa_rank)
+        self._init_clients(epsilons, deltas, train_sizes, num_params)
+        self._init_plan()
+
+    def _init_clients(
+        self,
+        epsilons: Sequence[float],
+        deltas: Sequence[float],
+        train_sizes: Sequence[int],
+        num_params: int,
+    ) -> None:
+        """The clients' budgets and sizes, checked, and the run's per-client counters."""
         self.eps = np.asarray(epsilons, dtype=float)
         self.deltas = np.asarray(deltas, dtype=float)
         self.sizes = np.asarray(train_sizes, dtype=float)
@@ -178,24 +206,24 @@ class DpflBcs(Algorithm):
             raise ValueError("epsilons, deltas and train_sizes must have one entry per client")
         if self.k > self.n:
             raise ValueError(f"clients_per_round ({self.k}) > number of clients ({self.n})")
-        if selection == "bcs" and not 2 <= self.t0 < self.rounds:
+        if self.selection == "bcs" and not 2 <= self.t0 < self.rounds:
             raise ValueError(f"stage1_rounds must be in [2, rounds), got {self.t0}")
-        self.private = mechanism != "none"
+        self.private = self.mechanism != "none"
         if self.private and np.any(self.eps <= 0):
             raise ValueError("every epsilon_n must be > 0")
-        if mechanism == "gaussian" and np.any((self.deltas <= 0) | (self.deltas >= 1)):
+        if self.mechanism == "gaussian" and np.any((self.deltas <= 0) | (self.deltas >= 1)):
             raise ValueError("the Gaussian mechanism needs every delta_n in (0, 1)")
         self.pfa_public = (
             bl.pfa_public_mask(self.eps, self.pfa_public_fraction)
-            if aggregation == "pfa"
+            if self.aggregation == "pfa"
             else np.zeros(self.n, dtype=bool)
         )
         # Remaining budgets in the calibration's units (the ledger is the source of truth).
         self.rem_eps = self.eps.copy()
-        self.rem_delta = self.deltas.copy() if mechanism == "gaussian" else np.zeros(self.n)
+        self.rem_delta = self.deltas.copy() if self.mechanism == "gaussian" else np.zeros(self.n)
         self.rho_total = (
-            np.array([th.zcdp_rho(e, d) for e, d in zip(self.eps, self.deltas, strict=True)])
-            if mechanism == "gaussian" and calibration == "zcdp"
+            np.array([zcdp_rho(e, d) for e, d in zip(self.eps, self.deltas, strict=True)])
+            if self.mechanism == "gaussian" and self.calibration == "zcdp"
             else np.zeros(self.n)
         )
         self.rem_rho = self.rho_total.copy()
@@ -207,19 +235,22 @@ class DpflBcs(Algorithm):
         self.estimates: dict[str, Any] = {}
         self.plan_history: dict[str, list[int]] = {}
         self._psg: dict[int, Any] = {}
-        self.stage = 1 if selection == "bcs" else 2
-        horizon = self.rounds - self.t0 if selection == "bcs" else self.rounds
-        if selection == "bcs":
+        self.stage = 1 if self.selection == "bcs" else 2
+
+    def _init_plan(self) -> None:
+        """Installs the first stage's integer plan (stage 1 under BCS, else the only one)."""
+        horizon = self.rounds - self.t0 if self.selection == "bcs" else self.rounds
+        if self.selection == "bcs":
             # Stage 1: Proposition 1's plan over the whole horizon T, capped at T (§8.3, §8.5).
             phi = self._noise_constants(np.arange(self.n)).phi
             z = self._z(self._noise_constants(np.arange(self.n)).z)
-            relaxed = th.solve_p1(phi, np.zeros(self.n), 0.0, self.k * self.rounds, self.rounds, z)
-            self._start_stage(th.round_plan(relaxed, self.k * self.rounds, self.rounds), 1)
+            relaxed = solve_p1(phi, np.zeros(self.n), 0.0, self.k * self.rounds, self.rounds, z)
+            self._start_stage(round_plan(relaxed, self.k * self.rounds, self.rounds), 1)
         elif not self.private:  # FedSGD: no budget, so no plan limits participation
             self._start_stage(np.full(self.n, horizon, dtype=np.int64), 2)
         else:
             uniform = np.full(self.n, self.k * horizon / self.n)
-            self._start_stage(th.round_plan(uniform, self.k * horizon, horizon), 2)
+            self._start_stage(round_plan(uniform, self.k * horizon, horizon), 2)
 
     # ---- budgets and plans -----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -231,10 +262,10 @@ class DpflBcs(Algorithm):
     def _z(self, z: float) -> float:
         return float(self.z_override) if self.z_override is not None else float(z)
 
-    def _noise_constants(self, idx: np.ndarray) -> th.NoiseConstants:
+    def _noise_constants(self, idx: np.ndarray) -> NoiseConstants:
         """(Λ, z, Φ_n) of Eq. (7) at the clients' remaining budgets (§9.1 [REC])."""
         mech = "laplace" if self.mechanism == "laplace" else "gaussian"
-        return th.noise_constants(
+        return noise_constants(
             mech,
             self.clip,
             self.num_params,
@@ -264,23 +295,18 @@ class DpflBcs(Algorithm):
             t_n = int(self.tplan[c])
             if self.mechanism == "laplace":
                 self.share[c] = self.rem_eps[c] / t_n * (1 - BUDGET_SLACK)
-                self.multiplier[c] = th.laplace_noise_scale(1.0, self.share[c], 1)
+                self.multiplier[c] = laplace_noise_scale(1.0, self.share[c], 1)
             elif self.calibration == "zcdp":
                 self.share[c] = self.rem_rho[c] / t_n * (1 - BUDGET_SLACK)
-                self.multiplier[c] = th.gaussian_sigma_zcdp(1.0, self.share[c])
+                self.multiplier[c] = gaussian_sigma_zcdp(1.0, self.share[c])
             elif self.calibration == "paper_alg2":
                 self.share[c] = self.rem_eps[c] / t_n * (1 - BUDGET_SLACK)
                 self.share_delta[c] = self.rem_delta[c] / t_n * (1 - BUDGET_SLACK)
-                eps_l, delta_l = self.share[c], self.share_delta[c]
-                self.multiplier[c] = (
-                    th.gaussian_sigma_classic(1.0, eps_l, delta_l)
-                    if eps_l < 1
-                    else th.gaussian_sigma_analytic(1.0, eps_l, delta_l)
-                )
+                self.multiplier[c] = paper_alg2_sigma(1.0, self.share[c], self.share_delta[c])
             else:  # thm2_c2: Lemma 1 literally; the ledger's accountant prices it
                 self.share[c] = self.rem_eps[c] / t_n
                 self.share_delta[c] = self.rem_delta[c] / t_n
-                self.multiplier[c] = th.gaussian_noise_std(
+                self.multiplier[c] = gaussian_noise_std(
                     1.0, self.rem_eps[c], self.rem_delta[c], t_n, calibration="thm2_c2", c2=self.c2
                 )
 
@@ -331,7 +357,7 @@ class DpflBcs(Algorithm):
             p = weights[idx] / weights[idx].sum()
             chosen = rng.choice(idx, size=min(self.k, idx.size), replace=False, p=p)
             return sorted(int(c) for c in chosen)
-        return [int(c) for c in th.sample_clients(weights, self.k, rng, avail)]
+        return [int(c) for c in sample_clients(weights, self.k, rng, avail)]
 
     def lr_at(self, round_idx: int) -> float:
         """η_t of 0-based round `round_idx` (t = round_idx + 1)."""
@@ -346,9 +372,9 @@ class DpflBcs(Algorithm):
         for c in cohort:
             size = float(train_sizes[c])
             if stage1:
-                sens = th.stage1_sensitivity(lr, self.clip, self.loss_bound, size)
+                sens = stage1_sensitivity(lr, self.clip, self.loss_bound, size)
             else:
-                sens = th.gradient_sensitivity(lr, self.clip, size)
+                sens = gradient_sensitivity(lr, self.clip, size)
             release = self.mechanism_of(int(c), sens)
             tasks.append(
                 ClientTask(
@@ -427,7 +453,7 @@ class DpflBcs(Algorithm):
         if self.mechanism == "gaussian" and self.calibration == "zcdp":
             self.rem_rho[c] = max(0.0, self.rem_rho[c] - self.share[c])
             # The (ε, δ) left, for reporting: the conversion of the remaining ρ.
-            self.rem_eps[c] = th.zcdp_epsilon(self.rem_rho[c], self.deltas[c])
+            self.rem_eps[c] = zcdp_epsilon(self.rem_rho[c], self.deltas[c])
         else:
             self.rem_eps[c] = max(0.0, self.rem_eps[c] - self.share[c])
             self.rem_delta[c] = max(0.0, self.rem_delta[c] - self.share_delta[c])
@@ -448,7 +474,7 @@ class DpflBcs(Algorithm):
         t0, k = self.t0, self.k
         reported = ~np.all(np.isnan(self.loss_before), axis=0)
         gamma = (
-            th.estimate_noniid_degree(self.loss_before, self.loss_after)
+            estimate_noniid_degree(self.loss_before, self.loss_after)
             if reported.any()
             else np.zeros(self.n)
         )
@@ -456,10 +482,10 @@ class DpflBcs(Algorithm):
         ref = self.loss_before[t0 - 1]
         est: dict[str, Any] = {"rho_min_fallback": False, "p2_fallback": False}
         try:
-            rho_min = th.estimate_rho_min(counts, ref, k, t0)
+            rho_min = estimate_rho_min(counts, ref, k, t0)
         except ValueError:
             rho_min, est["rho_min_fallback"] = 1.0, True
-        nc1 = th.noise_constants(
+        nc1 = noise_constants(
             "laplace" if self.mechanism == "laplace" else "gaussian",
             self.clip,
             self.num_params,
@@ -473,8 +499,8 @@ class DpflBcs(Algorithm):
         p2 = None
         if self.constants == "estimate":
             try:
-                p2 = th.solve_p2(
-                    th.stage1_global_loss(ref),
+                p2 = solve_p2(
+                    stage1_global_loss(ref),
                     counts,
                     nc1.phi,
                     gamma,
@@ -487,7 +513,7 @@ class DpflBcs(Algorithm):
                 lip, mu, offset = p2.smoothness, p2.strong_convexity, p2.lr_offset
             except (ValueError, RuntimeError):
                 est["p2_fallback"] = True
-                start = th.P2_START
+                start = P2_START
                 lip, mu, offset = start["smoothness"], start["strong_convexity"], 16.0
         else:
             assert self.fixed_constants is not None
@@ -501,12 +527,12 @@ class DpflBcs(Algorithm):
         ratio = float("nan")
         if active.size:
             nc2 = self._noise_constants(active)
-            ratio = th.p1_ratio(lip, mu, offset, nc2.noise_lambda, k, horizon)
+            ratio = p1_ratio(lip, mu, offset, nc2.noise_lambda, k, horizon)
             if active.size * horizon <= total:
                 plan[active] = horizon
             else:
-                relaxed = th.solve_p1(nc2.phi, gamma[active], ratio, total, horizon, z)
-                plan[active] = th.round_plan(relaxed, total, horizon)
+                relaxed = solve_p1(nc2.phi, gamma[active], ratio, total, horizon, z)
+                plan[active] = round_plan(relaxed, total, horizon)
         est.update(
             rho_min=rho_min,
             lr_offset=offset,
@@ -628,117 +654,6 @@ class DpflBcs(Algorithm):
             )
         self._velocity = (
             {n: t.clone() for n, t in velocity.items()} if velocity is not None else None
-        )
-
-    # ---- client half -----------------------------------------------------------------
-    def _loss(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        """Cross-entropy (classification) or squared error (regression: one output, float y)."""
-        if not self.regression:
-            return F.cross_entropy(out, y, reduction=reduction)
-        return F.mse_loss(out.reshape(y.shape), y, reduction=reduction)
-
-    def _forward(self, model: torch.nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
-        """The model's output on a batch (PRIVATEFL first applies the client's transform)."""
-        return functional_call(model, params, (x,))
-
-    def _per_sample(self, model: torch.nn.Module) -> Any:
-        fn = self._psg.get(id(model))
-        if fn is None:
-
-            def sample_loss(
-                params: Params, const: Params, x: torch.Tensor, y: torch.Tensor
-            ) -> torch.Tensor:
-                out = self._forward(model, {**params, **const}, x.unsqueeze(0))
-                return self._loss(out, y.unsqueeze(0))
-
-            fn = vmap(grad(sample_loss), in_dims=(None, None, 0, 0))
-            self._psg[id(model)] = fn
-        return fn
-
-    def _clipped_mean(
-        self, ctx: ClientContext, params: Params, x, y, const: Params | None = None
-    ) -> Params:
-        """(1/D_n)·Σ clip(∇f(w, ζ)) over all records (L2 for GM, L1 for LM; none: plain).
-
-        The gradient is taken with respect to `params` only; `const` (PRIVATEFL's frozen
-        transform) enters the forward pass as a constant."""
-        const = {} if const is None else {n: t.detach() for n, t in const.items()}
-        frozen = {n: p.detach() for n, p in params.items()}
-        total = {n: torch.zeros_like(p) for n, p in frozen.items()}
-        if not self.private:
-            with torch.enable_grad():
-                leaves = {n: p.clone().requires_grad_(True) for n, p in frozen.items()}
-                loss = self._loss(self._forward(ctx.model, {**leaves, **const}, x), y)
-                grads = torch.autograd.grad(loss, list(leaves.values()))
-            return {n: g.detach() for n, g in zip(leaves, grads, strict=True)}
-        per_sample = self._per_sample(ctx.model)
-        order = 1 if self.mechanism == "laplace" else 2
-        for start in range(0, x.shape[0], _CHUNK):
-            g = per_sample(frozen, const, x[start : start + _CHUNK], y[start : start + _CHUNK])
-            flat = torch.cat([t.reshape(t.shape[0], -1) for t in g.values()], dim=1)
-            norms = flat.abs().sum(dim=1) if order == 1 else flat.norm(dim=1)
-            factors = clip_factors(norms, self.clip)
-            for name, t in g.items():
-                total[name].add_(torch.einsum("b,b...->...", factors, t))
-        return {n: t / x.shape[0] for n, t in total.items()}
-
-    def _mean_clipped_loss(self, ctx: ClientContext, params: Params, x, y) -> float:
-        with torch.no_grad():
-            losses = [
-                self._loss(
-                    self._forward(ctx.model, params, x[s : s + _CHUNK]),
-                    y[s : s + _CHUNK],
-                    reduction="none",
-                ).clamp(max=self.loss_bound)
-                for s in range(0, x.shape[0], _CHUNK)
-            ]
-            return float(torch.cat(losses).mean())
-
-    def _noisy_step(
-        self,
-        ctx: ClientContext,
-        trainable: Params,
-        const: Params,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        task: ClientTask,
-    ) -> tuple[Params, dict[str, float]]:
-        """The released step η_t·(clipped mean gradient) + noise for every `trainable`
-        coordinate (`const` enters the forward pass only), and in stage 1 the two noisy loss
-        reports of the same release. The caller applies −step to what it owns."""
-        lr = task.lr
-        mean_grad = self._clipped_mean(ctx, trainable, x, y, const)
-        step = {n: g * lr for n, g in mean_grad.items()}  # g_n^t = η_t·∇F_n
-        # One invocation of the task's declared release (none for a non-private baseline).
-        release = privacy_session(ctx, task).get().open() if task.mechanisms else None
-        scale = release.scale if release is not None else 0.0
-        metrics: dict[str, float] = {}
-        if task.extras.get("stage1", 0.0):
-            model = {**trainable, **const}
-            before = self._mean_clipped_loss(ctx, model, x, y)
-            local = {n: t.detach() - step[n] if n in step else t for n, t in model.items()}
-            after = self._mean_clipped_loss(ctx, local, x, y)
-            # The two losses are coordinates d+1, d+2 of the same release (Eq. 13, Alg. 2).
-            noise = release.noise(torch.Size([2])) if release and scale > 0 else torch.zeros(2)
-            metrics["loss_before"] = (lr * before + float(noise[0])) / lr
-            metrics["loss_after"] = (lr * after + float(noise[1])) / lr
-        noisy = {
-            name: g + release.noise(g.shape) if release and scale > 0 else g
-            for name, g in step.items()
-        }
-        return noisy, metrics
-
-    def local_update(
-        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
-    ) -> ClientResult:
-        x, y = data.batch(torch.arange(data.num_examples, device=data.indices.device))
-        noisy, metrics = self._noisy_step(ctx, params, {}, x, y, task)
-        return ClientResult(
-            client_id=task.client_id,
-            update={name: -g for name, g in noisy.items()},
-            weight=1.0,
-            num_examples=data.num_examples,
-            metrics=metrics,
         )
 
 

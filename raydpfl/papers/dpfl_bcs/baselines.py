@@ -1,8 +1,8 @@
 """Aggregation rules of DPFL-BCS's baselines (shared/specs/dpfl-bcs.md §11.7).
 
-The baselines share DPFL-BCS's client machinery (`raydpfl.papers.dpfl_bcs.algorithm`: one full-batch
-clipped step, the same per-client budgets split over an integer plan, the same exhaustion
-rule) and differ in selection and aggregation:
+The baselines share DPFL-BCS's client machinery (`raydpfl.papers.dpfl_bcs.algorithm`: one
+full-batch clipped step, the same per-client budgets split over an integer plan, the same
+exhaustion rule) and differ in selection and aggregation:
 
 - FedSGD (no DP), DPSGD (Gaussian) and DMLDP (Laplace): uniform selection, plain 1/|S_t| mean.
   DMLDP is Wu et al.'s Laplace baseline reduced to this machinery (L1 clipping, Laplace noise),

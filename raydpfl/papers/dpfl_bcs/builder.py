@@ -30,7 +30,7 @@ from torch import nn
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.papers.dpfl_bcs import theory as th
+from raydpfl.papers.dpfl_bcs import estimation as th
 from raydpfl.papers.dpfl_bcs.algorithm import BcsFedSgd, DpflBcs
 from raydpfl.papers.dpfl_bcs.options import REGRESSION_LOSS_BOUND
 from raydpfl.papers.dpfl_bcs.privatefl import PrivateFl

@@ -26,7 +26,7 @@ Privacy (unit: one training record of one client, add/remove): the round-1 task 
 `PrivacyCost(z_i, 1.0, K)`, later rounds `PrivacyCost(z_i, b/N_i, K·⌈N_i/b⌉)`, and a
 private selection `PrivacyCost(2/ε_sel, 1.0, 1)` (the Gaussian mechanism with the same
 RDP curve α·ε_sel²/8 as the exponential mechanism; valid for RDP accounting only). z_i is
-calibrated on exactly that history (`rc_dpfl_theory.two_stage_noise_multiplier`). The GMM,
+calibrated on exactly that history (`accounting.two_stage_noise_multiplier`). The GMM,
 the sampling of R and the aggregation are post-processing of DP outputs. The raw
 loss-based choice reads training data without noise: it is listed in
 `unaccounted_releases` unless the private selection is on.
@@ -61,18 +61,19 @@ from raydpfl.algorithms.multi_model import (
     join_models,
     model_params,
 )
-from raydpfl.papers.rc_dpfl.theory import (
-    exact_partition_rate,
-    fit_update_gmm,
-    gmm_stage_rounds,
-    hungarian_clustering_accuracy,
+from raydpfl.papers.rc_dpfl.accounting import steps_per_round
+from raydpfl.papers.rc_dpfl.assignment import (
     loss_assignments,
     private_select_clusters,
     sample_assignments,
+)
+from raydpfl.papers.rc_dpfl.clustering import (
+    fit_update_gmm,
+    gmm_stage_rounds,
     select_num_clusters,
-    steps_per_round,
     update_features,
 )
+from raydpfl.papers.rc_dpfl.metrics import exact_partition_rate, hungarian_clustering_accuracy
 from raydpfl.privacy.kernel import ExponentialSelection, SubsampledGaussian, uses
 
 #: `ClientTask.kind` of the follow-up that picks a client's next cluster.
@@ -278,6 +279,26 @@ class ClusteredDPFL(Algorithm):
         ]
 
     # ---- client half ---------------------------------------------------------------
+    def followup_tasks(
+        self,
+        round_idx: int,
+        tasks: Sequence[ClientTask],
+        results: Sequence[ClientResult],
+        new_params: Params,
+    ) -> list[ClientTask]:
+        """Every client's pick of its next cluster (an `ASSIGN` task) in the rounds where
+        `reassignment` asks for one; no follow-up otherwise."""
+        due, epsilon_select = self.reassignment(round_idx)
+        if not due:
+            return []
+        return [assign_task(r.client_id, round_idx, epsilon_select) for r in results]
+
+    def reassignment(self, round_idx: int) -> tuple[bool, float | None]:
+        """(whether the clients pick their next cluster after this round's aggregation, the
+        ε_select of the private pick or None for the raw argmin of losses). Default: never,
+        the assignment is fixed or set by the server."""
+        return False, None
+
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
@@ -454,20 +475,14 @@ class RcDpfl(ClusteredDPFL):
                         models[m][n] += step / float(w.sum())
         return self.join(models)
 
-    def followup_tasks(
-        self,
-        round_idx: int,
-        tasks: Sequence[ClientTask],
-        results: Sequence[ClientResult],
-        new_params: Params,
-    ) -> list[ClientTask]:
+    def reassignment(self, round_idx: int) -> tuple[bool, float | None]:
         if round_idx < 1 or round_idx < self.gmm_stage_rounds():
-            return []  # the next round still samples from π
+            return False, None  # the next round still samples from π
         if self.selection_epsilon is not None:
             if self.selections_done >= self.selection_rounds:
-                return []  # budgeted selections spent: the assignment is frozen (§5.4)
+                return False, None  # budgeted selections spent: the assignment is frozen (§5.4)
             self.selections_done += 1
-        return [assign_task(r.client_id, round_idx, self.selection_epsilon) for r in results]
+        return True, self.selection_epsilon
 
     def after_round(
         self,

@@ -36,13 +36,13 @@ from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_loop, dp_sgd_local_upda
 from raydpfl.algorithms.multi_model import GLOBAL_MODEL
 from raydpfl.papers.rc_dpfl.algorithm import (
     ClusteredDPFL,
-    assign_task,
     flat_update,
     followup_choices,
     round_of,
     train_loss_and_accuracy,
 )
-from raydpfl.papers.rc_dpfl.theory import loss_assignments, update_features
+from raydpfl.papers.rc_dpfl.assignment import loss_assignments
+from raydpfl.papers.rc_dpfl.clustering import update_features
 
 
 class ClusteredDPFedAvg(ClusteredDPFL):
@@ -190,14 +190,8 @@ class IfcaCDPFL(ClusteredDPFL):
 
         return self.join(cluster_sums(models, self.assignment, results))
 
-    def followup_tasks(
-        self,
-        round_idx: int,
-        tasks: Sequence[ClientTask],
-        results: Sequence[ClientResult],
-        new_params: Params,
-    ) -> list[ClientTask]:
-        return [assign_task(r.client_id, round_idx, None) for r in results]
+    def reassignment(self, round_idx: int) -> tuple[bool, float | None]:
+        return True, None  # every round: the raw argmin of the train losses
 
     def after_round(self, round_idx: int, metrics: Mapping[str, float], followups=()) -> dict:
         if followups:

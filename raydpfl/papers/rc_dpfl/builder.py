@@ -26,6 +26,11 @@ from raydpfl.algorithms.base import Algorithm
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.cluster_shift import true_clusters
 from raydpfl.data.federated import FederatedDataset
+from raydpfl.papers.rc_dpfl.accounting import (
+    steps_per_round,
+    two_stage_epsilon,
+    two_stage_noise_multiplier,
+)
 from raydpfl.papers.rc_dpfl.algorithm import RcDpfl
 from raydpfl.papers.rc_dpfl.baselines import (
     ClusteredDPFedAvg,
@@ -34,11 +39,6 @@ from raydpfl.papers.rc_dpfl.baselines import (
     LocalDPSGD,
     MrMtl,
     OracleCDPFL,
-)
-from raydpfl.papers.rc_dpfl.theory import (
-    steps_per_round,
-    two_stage_epsilon,
-    two_stage_noise_multiplier,
 )
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.calibration import noise_multiplier_for

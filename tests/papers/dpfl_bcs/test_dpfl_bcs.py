@@ -14,8 +14,9 @@ from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult
 from raydpfl.config import ConfigError, config_from_dict
 from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.models import build_model
-from raydpfl.papers.dpfl_bcs import theory as th
 from raydpfl.papers.dpfl_bcs.algorithm import DpflBcs, laplace_noise
+from raydpfl.papers.dpfl_bcs.estimation import TABLE_III
+from raydpfl.papers.dpfl_bcs.sampling import inclusion_probabilities
 from tests.conftest import release_scale, with_release_scale
 from tests.papers.dpfl_bcs.dpfl_bcs_helpers import BCS_CLIENTS, bcs_args, bcs_config
 
@@ -142,7 +143,7 @@ def test_selection_frequencies_follow_the_plan():
         chosen = a.select(0, N, rng)
         assert len(chosen) == len(set(chosen)) == min(3, int((a.tplan > 0).sum()))
         counts[chosen] += 1
-    target = th.inclusion_probabilities(a.probs, 3)
+    target = inclusion_probabilities(a.probs, 3)
     se = np.sqrt(target * (1 - target) / draws)
     assert np.all(np.abs(counts / draws - target) <= 5 * se + 1e-12)
     assert np.all(counts[a.tplan == 0] == 0)
@@ -297,7 +298,7 @@ def test_table3_constants_reach_p1():
     )
     run_experiment(exp, None)
     est = exp.algorithm.estimates
-    row = th.TABLE_III[("fashion_mnist", "gaussian")]
+    row = TABLE_III[("fashion_mnist", "gaussian")]
     assert (est["smoothness"], est["strong_convexity"], est["lr_offset"]) == (
         row.smoothness,
         row.strong_convexity,

@@ -9,38 +9,39 @@ import pytest
 from scipy.stats import norm
 from threadpoolctl import threadpool_limits  # via scikit-learn, a project dependency
 
-from raydpfl.papers.dpfl_bcs.theory import (
-    P2_START,
-    TABLE_III,
-    bound_predicted_loss,
-    convergence_bound,
-    estimate_noniid_degree,
-    estimate_rho_min,
+from raydpfl.papers.dpfl_bcs.bound import convergence_bound, p1_coefficients, p1_ratio
+from raydpfl.papers.dpfl_bcs.calibration import (
     expected_noise_sq_norm,
     gaussian_noise_std,
     gaussian_sigma_analytic,
     gaussian_sigma_classic,
     gradient_sensitivity,
-    inclusion_probabilities,
     laplace_noise_scale,
     loss_report_noise_scale,
     noise_constants,
-    p1_coefficients,
-    p1_objective,
-    p1_ratio,
     per_participation_budget,
-    proposition1_plan,
-    round_plan,
-    sample_clients,
-    selection_probabilities,
-    solve_p1,
-    solve_p1_slsqp,
-    solve_p2,
-    stage1_global_loss,
     stage1_sensitivity,
     zcdp_epsilon,
     zcdp_rho,
 )
+from raydpfl.papers.dpfl_bcs.estimation import (
+    P2_START,
+    TABLE_III,
+    bound_predicted_loss,
+    estimate_noniid_degree,
+    estimate_rho_min,
+    solve_p2,
+    stage1_global_loss,
+)
+from raydpfl.papers.dpfl_bcs.planning import (
+    p1_objective,
+    proposition1_plan,
+    round_plan,
+    selection_probabilities,
+    solve_p1,
+    solve_p1_slsqp,
+)
+from raydpfl.papers.dpfl_bcs.sampling import inclusion_probabilities, sample_clients
 
 
 def _clients(seed: int, n: int, z: float) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""PRIVATEFL and PRIVATEFL-BCS (DPFL-BCS's Table I baselines; raydpfl.papers.dpfl_bcs.privatefl)."""
+"""PRIVATEFL and PRIVATEFL-BCS, DPFL-BCS's Table I baselines (papers/dpfl_bcs/privatefl.py)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,10 @@ from torch import nn
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult
 from raydpfl.algorithms.multi_model import model_params
 from raydpfl.config import ConfigError, config_from_dict
+from raydpfl.papers.rc_dpfl.accounting import two_stage_epsilon
 from raydpfl.papers.rc_dpfl.algorithm import RcDpfl, assign_task, cluster_sums
 from raydpfl.papers.rc_dpfl.baselines import IfcaCDPFL, KMeansCDPFL, OracleCDPFL
-from raydpfl.papers.rc_dpfl.theory import hungarian_clustering_accuracy, two_stage_epsilon
+from raydpfl.papers.rc_dpfl.metrics import hungarian_clustering_accuracy
 from raydpfl.privacy.engines import make_engine
 from raydpfl.privacy.ledger import PrivacyLedger
 
