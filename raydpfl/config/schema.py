@@ -58,6 +58,8 @@ def _check_options(
 
 def _entry_options(name: str) -> type | None:
     """The options dataclass of algorithm `name`, or None (unknown names: None)."""
+    if name in BUILTIN_ALGORITHMS:
+        return None  # the core's own take none (and need no registry lookup)
     if not registry.is_registered("algorithm", name):
         return None
     return registry.get("algorithm", name).options
@@ -162,6 +164,8 @@ def check_task(dataset: str, model: str, algorithm: str) -> None:
     targets and the reported metric would not match), and a regression dataset with an
     algorithm without an MSE loss (the registry's `REGRESSION_TAG`). Raises ConfigError
     naming ``model.name`` or ``algorithm.name`` (under ``experiment.``)."""
+    if dataset not in REGRESSION_DATASETS and model in BUILTIN_MODELS:
+        return  # the common case, settled without the registry
     models = registry.tagged("model", REGRESSION_TAG)
     if model in models and dataset not in REGRESSION_DATASETS:
         raise ConfigError(
@@ -494,18 +498,19 @@ class AlgorithmConfig:
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         _check(self.eval_every >= 1, "eval_every", "must be >= 1")
-        _check(
-            self.server.plain or self.name in server_optimizer_algorithms(),
-            "server",
-            f"is for {', '.join(server_optimizer_algorithms())} (one averaged update per "
-            "round), "
-            f"not {self.name!r}"
-            + (
+        if not self.server.plain:  # (the registry is asked only when it matters)
+            takes = server_optimizer_algorithms()
+            hint = (
                 " (set options.server_optimizer instead)"
                 if self.name == "dp_fedavg_client"
                 else ""
-            ),
-        )
+            )
+            _check(
+                self.name in takes,
+                "server",
+                f"is for {', '.join(takes)} (one averaged update per round), "
+                f"not {self.name!r}{hint}",
+            )
 
 
 #: The smallest σ (`privacy.noise_multiplier`, the calculators' ``--sigma``) accepted.

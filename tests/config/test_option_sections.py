@@ -71,3 +71,20 @@ def test_the_seed_papers_register_through_the_plugin_entry_points():
     assert {"ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl"} <= set(plugins)
     assert registry.get("algorithm", "fedfdp").section == "fedfdp"
     assert "regression" in registry.get("model", "bcs_linreg").tags
+
+
+@pytest.mark.parametrize("first", ["raydpfl.papers.rc_dpfl", "raydpfl.papers.fedfdp.options"])
+def test_a_paper_imported_before_the_config_still_registers(first):
+    # The registry calls a paper's register() while raydpfl.config may be loading; a paper
+    # imported first must not leave itself half-initialised for that call.
+    import subprocess
+    import sys
+
+    code = (
+        f"import {first}; from raydpfl.config import config_from_dict; "
+        "c = config_from_dict({'experiment': {'algorithm': {'name': 'rc_dpfl'}}}); "
+        "print(c.experiment.algorithm.options['num_clusters'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.split() == ["4"]

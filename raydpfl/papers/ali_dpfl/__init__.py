@@ -1,13 +1,16 @@
 """ALI-DPFL (seed 002) with its baselines PE-DPFL and Adap DP-FL: see README.md here."""
 
 from raydpfl import registry
-from raydpfl.papers.ali_dpfl.options import AdapDpFlConfig, AliDpflConfig, PeDpflConfig
 
 _BUILD = "raydpfl.papers.ali_dpfl.builder:build"
 
 
 def register() -> None:
     """Registers ALI-DPFL's algorithms (the ``raydpfl.plugins`` entry point calls it)."""
+    # Imported here: the package itself stays importable from anywhere in raydpfl's own
+    # import order (the registry calls this while `raydpfl.config` may be loading).
+    from raydpfl.papers.ali_dpfl.options import AdapDpFlConfig, AliDpflConfig, PeDpflConfig
+
     for name in ("ali_dpfl", "dp_fedavg_fixed_tau"):  # the fixed-τ baseline reads R_c's too
         registry.register(
             "algorithm", name, _BUILD, options=AliDpflConfig, builtin=True, section="ali_dpfl"

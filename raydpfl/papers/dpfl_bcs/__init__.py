@@ -2,13 +2,21 @@
 baselines: see README.md here."""
 
 from raydpfl import registry
-from raydpfl.config.schema import REGRESSION_TAG
-from raydpfl.papers.dpfl_bcs.options import MODEL_NAMES, NAMES, REGRESSION_MODELS, DpflBcsConfig
 
 
 def register() -> None:
     """Registers DPFL-BCS's algorithms and models (the ``raydpfl.plugins`` entry point
     calls it). Every algorithm here has an MSE client step for a regression dataset."""
+    # Imported here: the package itself stays importable from anywhere in raydpfl's own
+    # import order (the registry calls this while `raydpfl.config` may be loading).
+    from raydpfl.config.schema import REGRESSION_TAG
+    from raydpfl.papers.dpfl_bcs.options import (
+        MODEL_NAMES,
+        NAMES,
+        REGRESSION_MODELS,
+        DpflBcsConfig,
+    )
+
     for name in NAMES:
         registry.register(
             "algorithm",

@@ -2,8 +2,6 @@
 DP versions): see README.md here."""
 
 from raydpfl import registry
-from raydpfl.config.schema import SERVER_OPTIMIZER_TAG
-from raydpfl.papers.fedfdp.options import NAMES, FedFdpConfig
 
 #: One averaged update per round: the server optimizer applies (FedAvg's Δ̄ with a prox term).
 _SERVER_OPTIMIZER = ("fedprox", "dp_fedprox")
@@ -11,6 +9,11 @@ _SERVER_OPTIMIZER = ("fedprox", "dp_fedprox")
 
 def register() -> None:
     """Registers FedFDP's algorithms (the ``raydpfl.plugins`` entry point calls it)."""
+    # Imported here: the package itself stays importable from anywhere in raydpfl's own
+    # import order (the registry calls this while `raydpfl.config` may be loading).
+    from raydpfl.config.schema import SERVER_OPTIMIZER_TAG
+    from raydpfl.papers.fedfdp.options import NAMES, FedFdpConfig
+
     for name in NAMES:
         registry.register(
             "algorithm",

@@ -2,12 +2,15 @@
 see README.md here."""
 
 from raydpfl import registry
-from raydpfl.papers.rc_dpfl.options import MODEL_NAMES, NAMES, RcDpflConfig
 
 
 def register() -> None:
     """Registers RC-DPFL's algorithms and models (the ``raydpfl.plugins`` entry point
     calls it)."""
+    # Imported here: the package itself stays importable from anywhere in raydpfl's own
+    # import order (the registry calls this while `raydpfl.config` may be loading).
+    from raydpfl.papers.rc_dpfl.options import MODEL_NAMES, NAMES, RcDpflConfig
+
     for name in NAMES:
         registry.register(
             "algorithm",
