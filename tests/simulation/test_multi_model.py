@@ -13,8 +13,8 @@ from raydpfl.algorithms.multi_model import (
     model_params,
 )
 from raydpfl.config import config_from_dict
-from raydpfl.experiment.build import build_experiment, make_local_backend, run_experiment
 from raydpfl.data.cluster_shift import ClusteredDataset
+from raydpfl.experiment.build import build_experiment, make_local_backend, run_experiment
 from raydpfl.simulation.outputs import model_sha256
 
 
