@@ -231,3 +231,13 @@ def test_the_core_imports_no_paper():
         if _package(t) == "papers"
     ]
     assert [c for c in core if not c.startswith(PAPER_SEAMS)] == []
+
+
+@pytest.mark.parametrize("paper", ["ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl"])
+def test_every_paper_is_a_folder_with_a_readme_linking_its_record(paper):
+    folder = PACKAGE / "papers" / paper
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    assert "REPRODUCTION.md" in readme and f"benchmarks/repro/{paper}.py" in readme
+    # Each module the README's table names exists.
+    for name in ("algorithm.py", "options.py", "builder.py"):
+        assert (folder / name).exists() and f"`{name}`" in readme
