@@ -45,8 +45,8 @@ vectorised over clients, an engine with its own float order), PE-DPFL (non-priva
 training, then one clipped and noised update: output perturbation), DPFL-BCS and its
 baselines (one full-batch noisy gradient step with L1/Laplace or L2/Gaussian, the loss
 reports coordinates of the same release) and FedFair (non-private). The non-private
-minibatch loop of FedFDP's baselines is `fedfdp_baselines.local_sgd`, which hands its
-private branch to this loop.
+minibatch loop of FedFDP's baselines is `raydpfl.papers.fedfdp.pfl_base.local_sgd`, which
+hands its private branch to this loop.
 
 The noisy loss query (`noisy_loss_query`, `private_mean_loss`) is likewise one function:
 FedFDP's loss upload (and DP q-FFL's F_k, which reuses it) and Adap DP-FL's schedule loss

@@ -6,7 +6,7 @@ Per round t, every selected client i:
 1. (``train`` task) takes τ DP-SGD steps (τ = 1 in the paper) from w_t on Poisson(q)
    batches with *fair clipping*: per-sample weight c_j from s_j = 1 + λ(ℓ_j − F(w_t))
    (Eq. 13). Default rule ``abs`` (sign-safe, §11 A5): c_j = sign(s_j)·min(|s_j|, C/‖g_j‖),
-   so ‖c_j g_j‖ ≤ C for every λ and the step is SGM(q, σ) (`fedfdp_theory.fair_clip_weights`).
+   so ‖c_j g_j‖ ≤ C for every λ and the step is SGM(q, σ) (`theory.fair_clip_weights`).
    ``paper`` is Eq. 13 verbatim, min(s_j, C/‖g_j‖): when some s_j < 0 that sample's
    contribution is unbounded and the run is NOT DP; the client reports it and the run's
    `unaccounted_releases` says so.
@@ -47,22 +47,19 @@ from raydpfl.algorithms.base import (
     Params,
     parameter_delta,
 )
-from raydpfl.papers.fedfdp.baselines import (
-    LossUpload,
-    PflBase,
-    local_sgd,
-    release_loss,
-    weighted_variance,
-)
-from raydpfl.papers.fedfdp.fedfair import aggregate_losses
-from raydpfl.papers.fedfdp.theory import (
+from raydpfl.papers.fedfdp.convergence import (
     BoundConstants,
     DegenerateBoundWarning,
+    lambda_star_cardano,
+    lambda_star_numeric,
+)
+from raydpfl.papers.fedfdp.fedfair import aggregate_losses, weighted_variance
+from raydpfl.papers.fedfdp.loss_upload import LossUpload, release_loss
+from raydpfl.papers.fedfdp.pfl_base import PflBase, local_sgd
+from raydpfl.papers.fedfdp.theory import (
     fair_clip_weights,
     fair_clip_weights_paper,
     fairness_scale,
-    lambda_star_cardano,
-    lambda_star_numeric,
 )
 from raydpfl.privacy.dpsgd import LossWeightRule
 
