@@ -27,7 +27,7 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    parameter_delta,
+    trained_result,
     uniform_cohort,
 )
 from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
@@ -105,10 +105,5 @@ class FedAvg(ServerOptimizerMixin, Algorithm):
                 for p, g in zip(params.values(), grads, strict=True):
                     p.sub_(g, alpha=task.lr)
             loss_sum += float(loss.detach())
-        return ClientResult(
-            client_id=task.client_id,
-            update=parameter_delta(params, start),
-            weight=float(n),
-            num_examples=n,
-            metrics={"train_loss": loss_sum / max(task.local_steps, 1)},
-        )
+        metrics = {"train_loss": loss_sum / max(task.local_steps, 1)}
+        return trained_result(task, data, params, start, metrics)

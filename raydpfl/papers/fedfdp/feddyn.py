@@ -8,17 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask, Params
 from raydpfl.algorithms.local_dp_sgd import Correction
-from raydpfl.papers.fedfdp.pfl_base import (
-    PflBase,
-    load_server_and_clients,
-    pack_server_and_clients,
-    run_local_sgd,
-)
+from raydpfl.papers.fedfdp.pfl_base import PflBase, ServerAndClientState, run_local_sgd
 
 
 def feddyn_correction(alpha: float) -> Correction:
@@ -35,10 +29,11 @@ def feddyn_correction(alpha: float) -> Correction:
     return term
 
 
-class FedDyn(PflBase):
+class FedDyn(ServerAndClientState, PflBase):
     """FedDyn: dynamic regularisation with per-client h_i and server state h."""
 
     name = "feddyn"
+    state_fields = ("h", "h_i")
 
     def __init__(self, *, alpha: float = 0.01, num_clients: int, **kw: Any) -> None:
         super().__init__(**kw)
@@ -47,15 +42,9 @@ class FedDyn(PflBase):
         self.h: Params | None = None
         self.h_i: dict[int, Params] = {}
 
-    def plan(
-        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
-    ) -> list[ClientTask]:
-        tasks = []
-        for c in cohort:
-            hi = self.h_i.get(c)
-            payload = {f"h.{n}": t for n, t in hi.items()} if hi is not None else None
-            tasks.append(self._train_task(c, round_idx, int(train_sizes[c]), payload=payload))
-        return tasks
+    def _payload(self, client: int) -> dict[str, torch.Tensor] | None:
+        hi = self.h_i.get(client)
+        return {f"h.{n}": t for n, t in hi.items()} if hi is not None else None
 
     def aggregate(
         self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
@@ -79,15 +68,6 @@ class FedDyn(PflBase):
         return {
             n: global_params[n] + mean_delta[n] - self.h[n] / self.alpha for n in global_params
         }
-
-    def tensor_state(self) -> dict[str, torch.Tensor]:
-        """h under ``h/<name>`` and each h_i under ``h_i/<client>/<name>`` (both unset
-        until the first round with results)."""
-        return pack_server_and_clients(self.h, self.h_i, "h", "h_i")
-
-    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restores h and every client's h_i (on the server's device, where they live)."""
-        self.h, self.h_i = load_server_and_clients(tensors, "h", "h_i")
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask

@@ -26,7 +26,7 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    parameter_delta,
+    trained_result,
 )
 from raydpfl.algorithms.local_dp_sgd import per_sample_losses
 from raydpfl.papers.fedfdp.pfl_base import PflBase, local_sgd, mean_loss
@@ -121,13 +121,7 @@ class FedFair(PflBase):
             losses = per_sample_losses(ctx.model, params, *data.batch(positions))
             uploaded = float(losses.mean()) if losses.numel() else global_loss
         metrics["uploaded_loss"] = uploaded
-        return ClientResult(
-            client_id=task.client_id,
-            update=parameter_delta(params, start),
-            weight=float(data.num_examples),
-            num_examples=data.num_examples,
-            metrics=metrics,
-        )
+        return trained_result(task, data, params, start, metrics)
 
     def unaccounted_releases(self) -> list[str]:
         return [

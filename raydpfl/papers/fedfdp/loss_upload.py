@@ -113,3 +113,25 @@ def release_loss(
         num_examples=n,
         metrics={"noisy_loss": noisy, "raw_loss": raw, "loss_batch_size": float(losses.numel())},
     )
+
+
+class LossUploadFollowups:
+    """Server-half mixin: after aggregation every client of the round releases a loss
+    through the algorithm's `loss_upload` (a ``loss`` follow-up task, charged
+    SGM(q_l, σ_l)); the client half answers it with `release_loss`."""
+
+    loss_upload: LossUpload
+
+    def loss_model(self, result: ClientResult) -> dict[str, torch.Tensor] | None:
+        """The ``w.<name>`` payload of the model whose loss `result`'s client releases;
+        None (the default): the new global model."""
+        return None
+
+    def followup_tasks(
+        self,
+        round_idx: int,
+        tasks: Sequence[ClientTask],
+        results: Sequence[ClientResult],
+        new_params: Params,
+    ) -> list[ClientTask]:
+        return [self.loss_upload.task(r.client_id, round_idx, self.loss_model(r)) for r in results]

@@ -34,7 +34,7 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    parameter_delta,
+    trained_result,
     uniform_cohort,
 )
 from raydpfl.algorithms.local_dp_sgd import Correction, dp_sgd_local_loop, per_sample_losses
@@ -220,7 +220,15 @@ class PflBase(Algorithm):
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
     ) -> list[ClientTask]:
         kw = {"extras": self._round_extras()}
-        return [self._train_task(c, round_idx, int(train_sizes[c]), **kw) for c in cohort]
+        return [
+            self._train_task(c, round_idx, int(train_sizes[c]), payload=self._payload(c), **kw)
+            for c in cohort
+        ]
+
+    def _payload(self, client: int) -> dict[str, torch.Tensor] | None:
+        """Tensors client `client` gets with this round's task (SCAFFOLD's c − c_i,
+        FedDyn's h_i); None: none."""
+        return None
 
     def _round_extras(self) -> dict[str, float]:
         """Scalars every client gets with this round's task (e.g. λ, the global loss)."""
@@ -276,13 +284,7 @@ def run_local_sgd(
         normalizer=algo.normalizer,
         fixed_divisor=algo.fixed_divisor,
     )
-    return ClientResult(
-        client_id=task.client_id,
-        update=parameter_delta(params, start),
-        weight=float(data.num_examples),
-        num_examples=data.num_examples,
-        metrics=metrics,
-    )
+    return trained_result(task, data, params, start, metrics)
 
 
 def pack_server_and_clients(
@@ -322,3 +324,26 @@ def load_server_and_clients(
             )
     restored = {n: t.clone() for n, t in state.items()} if state is not None else None
     return restored, by_client
+
+
+class ServerAndClientState:
+    """Tensor state of a server-wide dict and per-client dicts (SCAFFOLD's c and c_i,
+    FedDyn's h and h_i), the attributes named by `state_fields` (server, clients)."""
+
+    state_fields: tuple[str, str]
+
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        """The server dict under ``<server>/<name>`` and each client's under
+        ``<clients>/<client>/<name>`` (both unset until the first round with results)."""
+        server, clients = self.state_fields
+        return pack_server_and_clients(
+            getattr(self, server), getattr(self, clients), server, clients
+        )
+
+    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restores the server dict and every client's (on the server's device, where
+        they live)."""
+        server, clients = self.state_fields
+        restored, by_client = load_server_and_clients(tensors, server, clients)
+        setattr(self, server, restored)
+        setattr(self, clients, by_client)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask, Params
-from raydpfl.papers.fedfdp.loss_upload import LossUpload, release_loss
+from raydpfl.papers.fedfdp.loss_upload import LossUpload, LossUploadFollowups, release_loss
 from raydpfl.papers.fedfdp.pfl_base import PflBase, run_local_sgd
 
 
@@ -82,7 +82,7 @@ class QFFL(PflBase):
         return run_local_sgd(self, ctx, params, data, task)
 
 
-class DPQFFL(QFFL):
+class DPQFFL(LossUploadFollowups, QFFL):
     """q-FFL with DP-SGD local steps and F_k(w_t) from the private loss upload.
 
     After aggregation each client releases the loss of the new global model through
@@ -102,15 +102,6 @@ class DPQFFL(QFFL):
 
     def _losses(self, results: Sequence[ClientResult]) -> list[float]:
         return [max(self.client_loss.get(r.client_id, self.init_loss), 0.0) for r in results]
-
-    def followup_tasks(
-        self,
-        round_idx: int,
-        tasks: Sequence[ClientTask],
-        results: Sequence[ClientResult],
-        new_params: Params,
-    ) -> list[ClientTask]:
-        return [self.loss_upload.task(r.client_id, round_idx, None) for r in results]
 
     def after_round(
         self,

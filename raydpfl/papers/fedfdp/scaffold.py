@@ -9,16 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask, Params
-from raydpfl.papers.fedfdp.pfl_base import (
-    PflBase,
-    load_server_and_clients,
-    pack_server_and_clients,
-    run_local_sgd,
-)
+from raydpfl.papers.fedfdp.pfl_base import PflBase, ServerAndClientState, run_local_sgd
 
 
 def scaffold_correction(
@@ -35,10 +29,11 @@ def scaffold_control_update(
     return {n: c_i[n] - c[n] - delta[n] / (steps * lr) for n in c_i}
 
 
-class Scaffold(PflBase):
+class Scaffold(ServerAndClientState, PflBase):
     """SCAFFOLD with option-II control variates and global step η_g (server state)."""
 
     name = "scaffold"
+    state_fields = ("c", "c_i")
 
     def __init__(self, *, global_lr: float = 1.0, num_clients: int, **kw: Any) -> None:
         super().__init__(**kw)
@@ -55,17 +50,11 @@ class Scaffold(PflBase):
         assert self.c is not None
         return self.c_i.get(client) or {n: torch.zeros_like(t) for n, t in self.c.items()}
 
-    def plan(
-        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
-    ) -> list[ClientTask]:
-        tasks = []
-        for c in cohort:
-            payload = None
-            if self.c is not None:
-                ci = self._ci(c)
-                payload = {f"corr.{n}": self.c[n] - ci[n] for n in self.c}
-            tasks.append(self._train_task(c, round_idx, int(train_sizes[c]), payload=payload))
-        return tasks
+    def _payload(self, client: int) -> dict[str, torch.Tensor] | None:
+        if self.c is None:
+            return None
+        ci = self._ci(client)
+        return {f"corr.{n}": self.c[n] - ci[n] for n in self.c}
 
     def aggregate(
         self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
@@ -90,15 +79,6 @@ class Scaffold(PflBase):
         for n in self.c:  # c ← c + (1/N) Σ_{i∈S} Δc_i (Alg. 1 line 17)
             self.c[n].add_(dc[n], alpha=1.0 / self.num_clients)
         return new
-
-    def tensor_state(self) -> dict[str, torch.Tensor]:
-        """c under ``c/<name>`` and each c_i under ``c_i/<client>/<name>`` (both unset
-        until the first round with results)."""
-        return pack_server_and_clients(self.c, self.c_i, "c", "c_i")
-
-    def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restores c and every client's c_i (on the server's device, where they live)."""
-        self.c, self.c_i = load_server_and_clients(tensors, "c", "c_i")
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
