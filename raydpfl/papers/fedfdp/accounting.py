@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -154,16 +154,7 @@ def _epsilon(history: list[HistoryEntry], delta: float, accountant: str) -> floa
 
 
 def max_rounds(
-    target_epsilon: float,
-    delta: float,
-    *,
-    sampling_rate: float,
-    noise_multiplier: float,
-    loss_noise_multiplier: float,
-    loss_sampling_rate: float | None = None,
-    local_steps: int = 1,
-    loss_batch: Literal["independent", "shared"] = "independent",
-    accountant: str = "rdp",
+    target_epsilon: float, delta: float, *, accountant: str = "rdp", **history: Any
 ) -> int:
     """Rounds a per-client budget allows, both mechanisms charged (Thm. 6.3, Eq. 28).
 
@@ -174,27 +165,20 @@ def max_rounds(
     Args:
         target_epsilon: ε > 0.
         delta: δ in (0, 1).
-        sampling_rate, noise_multiplier, loss_noise_multiplier, loss_sampling_rate,
-            local_steps, loss_batch: As in `fedfdp_history`.
         accountant: One of `raydpfl.privacy.accountants.ACCOUNTANTS` (what the ledger
             charges), or ``paper`` for `paper_epsilon`.
+        **history: `fedfdp_history`'s keyword arguments (sampling_rate,
+            noise_multiplier, loss_noise_multiplier, loss_sampling_rate, local_steps,
+            loss_batch).
     """
     target = _positive(target_epsilon, "target_epsilon")
     delta = validate_delta(delta)
     if accountant != "paper" and accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant must be paper or one of {ACCOUNTANTS}, got {accountant!r}")
-    kwargs = dict(
-        sampling_rate=sampling_rate,
-        noise_multiplier=noise_multiplier,
-        loss_noise_multiplier=loss_noise_multiplier,
-        loss_sampling_rate=loss_sampling_rate,
-        local_steps=local_steps,
-        loss_batch=loss_batch,
-    )
-    fedfdp_history(0, **kwargs)  # validates the arguments once, before the search
+    fedfdp_history(0, **history)  # validates the arguments once, before the search
 
     def feasible(t: int) -> bool:
-        return _epsilon(fedfdp_history(t, **kwargs), delta, accountant) <= target
+        return _epsilon(fedfdp_history(t, **history), delta, accountant) <= target
 
     return largest_feasible_steps(feasible)
 
