@@ -542,3 +542,23 @@ def uniform_cohort(num_clients: int, cohort_size: int, rng: np.random.Generator)
 def parameter_delta(local: Params, start: Params) -> Params:
     """local − start, per tensor."""
     return {n: local[n] - start[n] for n in local}
+
+
+def trained_result(
+    task: ClientTask,
+    data: ClientData,
+    params: Params,
+    start: Params,
+    metrics: dict[str, float],
+) -> ClientResult:
+    """The `ClientResult` of local training from `start` to `params`: the update
+    params − start (`parameter_delta`), weight and example count |D| of the client's
+    training records."""
+    n = data.num_examples
+    return ClientResult(
+        client_id=task.client_id,
+        update=parameter_delta(params, start),
+        weight=float(n),
+        num_examples=n,
+        metrics=metrics,
+    )

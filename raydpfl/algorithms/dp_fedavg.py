@@ -27,11 +27,9 @@ default, ``sgd`` with ``server_lr`` 1, is exactly θ + Δ̄.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
+from typing import Any
 
 from raydpfl.algorithms.base import (
-    Algorithm,
     ClientContext,
     ClientData,
     ClientResult,
@@ -39,75 +37,40 @@ from raydpfl.algorithms.base import (
     Params,
     WeightedUpdateSum,
     privacy_session,
-    uniform_cohort,
 )
+from raydpfl.algorithms.fedavg import CohortAveraging
 
 # The client half is the shared DP-SGD loop; `DPFedAvg.local_update` looks the name up in
 # this module at call time (benchmarks/repro/accumulator_ablation.py replaces it here).
 from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
-from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.kernel import SubsampledGaussian, uses
 
 __all__ = ["DPFedAvg", "Normalizer", "dp_sgd_local_update"]
 
 
-class DPFedAvg(ServerOptimizerMixin, Algorithm):
+class DPFedAvg(CohortAveraging):
     """DP-FedAvg: uniform cohorts, τ DP-SGD steps per client, weighted FedAvg.
 
     ``server_optimizer``, ``server_lr``, ``server_momentum``, ``server_beta2``,
-    ``server_adam_eps``: the server's step on the noisy weighted mean update
-    (`raydpfl.algorithms.server_optimizers.server_step`; post-processing of the released
-    updates, no extra privacy cost). The default ``sgd`` at 1.0 is plain θ + Δ̄.
+    ``server_adam_eps`` (`CohortAveraging`): the server's step on the noisy weighted mean
+    update (`raydpfl.algorithms.server_optimizers.server_step`; post-processing of the
+    released updates, no extra privacy cost). The default ``sgd`` at 1.0 is plain θ + Δ̄.
     """
 
     name = "dp_fedavg"
     is_private = True
-    linear_aggregation = True
 
     def __init__(
-        self,
-        *,
-        clients_per_round: int,
-        local_steps: int,
-        lr: float,
-        clip_norm: float,
-        noise_multiplier: float,
-        sampling_rate: float,
-        server_optimizer: str = "sgd",
-        server_lr: float = 1.0,
-        server_momentum: float = 0.9,
-        server_beta2: float = 0.99,
-        server_adam_eps: float = 1e-3,
+        self, *, clip_norm: float, noise_multiplier: float, sampling_rate: float, **kw: Any
     ) -> None:
-        self.clients_per_round = clients_per_round
-        self.local_steps = local_steps
-        self.lr = lr
+        super().__init__(**kw)
         self.clip_norm = clip_norm
         self.noise_multiplier = noise_multiplier
         self.sampling_rate = sampling_rate
-        # Post-processing of the noised aggregate: no privacy cost (see the module docstring).
-        self._set_server_optimizer(
-            server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
-        )
 
-    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        return uniform_cohort(num_clients, self.clients_per_round, rng)
-
-    def plan(
-        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
-    ) -> list[ClientTask]:
-        steps = (uses(self.dp_sgd_mechanism(), self.local_steps),)
-        return [
-            ClientTask(
-                client_id=c,
-                round_idx=round_idx,
-                local_steps=self.local_steps,
-                lr=self.lr,
-                mechanisms=steps,
-            )
-            for c in cohort
-        ]
+    def task_fields(self) -> dict[str, Any]:
+        return {"mechanisms": (uses(self.dp_sgd_mechanism(), self.local_steps),)}
 
     def dp_sgd_mechanism(self) -> SubsampledGaussian:
         """One DP-SGD step's mechanism: Poisson(q), clip C, noise σ·C."""

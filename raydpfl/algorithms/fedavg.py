@@ -14,6 +14,7 @@ algorithms that share this step it is post-processing of the noised aggregate.)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,22 +28,23 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    parameter_delta,
+    trained_result,
     uniform_cohort,
 )
 from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
 
 
-class FedAvg(ServerOptimizerMixin, Algorithm):
-    """Non-private FedAvg with fixed local steps of minibatch SGD.
+class CohortAveraging(ServerOptimizerMixin, Algorithm):
+    """The server half FedAvg and DP-FedAvg share: a uniform cohort of
+    `clients_per_round` clients, each running `local_steps` local steps at `lr` from the
+    global model, and the weighted mean update applied by the server optimizer.
 
     ``server_optimizer``, ``server_lr``, ``server_momentum``, ``server_beta2``,
     ``server_adam_eps``: the server's step on the weighted mean update
-    (`raydpfl.algorithms.server_optimizers.server_step`); ``sgd`` at 1.0 is plain FedAvg.
+    (`raydpfl.algorithms.server_optimizers.server_step`); ``sgd`` at 1.0 is plain θ + Δ̄.
+    Subclasses add their task's own fields (`task_fields`).
     """
 
-    name = "fedavg"
-    is_private = False
     linear_aggregation = True
 
     def __init__(
@@ -51,7 +53,6 @@ class FedAvg(ServerOptimizerMixin, Algorithm):
         clients_per_round: int,
         local_steps: int,
         lr: float,
-        batch_size: int,
         server_optimizer: str = "sgd",
         server_lr: float = 1.0,
         server_momentum: float = 0.9,
@@ -61,7 +62,6 @@ class FedAvg(ServerOptimizerMixin, Algorithm):
         self.clients_per_round = clients_per_round
         self.local_steps = local_steps
         self.lr = lr
-        self.batch_size = batch_size
         self._set_server_optimizer(
             server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
         )
@@ -69,19 +69,31 @@ class FedAvg(ServerOptimizerMixin, Algorithm):
     def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
         return uniform_cohort(num_clients, self.clients_per_round, rng)
 
+    def task_fields(self) -> dict[str, Any]:
+        """This round's `ClientTask` fields beyond client, round, steps and lr (the same
+        for every client of the round)."""
+        return {}
+
     def plan(
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
     ) -> list[ClientTask]:
-        return [
-            ClientTask(
-                client_id=c,
-                round_idx=round_idx,
-                local_steps=self.local_steps,
-                lr=self.lr,
-                batch_size=self.batch_size,
-            )
-            for c in cohort
-        ]
+        fields = {"local_steps": self.local_steps, "lr": self.lr, **self.task_fields()}
+        return [ClientTask(client_id=c, round_idx=round_idx, **fields) for c in cohort]
+
+
+class FedAvg(CohortAveraging):
+    """Non-private FedAvg with fixed local steps of minibatch SGD (`batch_size`); the
+    server options are `CohortAveraging`'s (``sgd`` at 1.0 is plain FedAvg)."""
+
+    name = "fedavg"
+    is_private = False
+
+    def __init__(self, *, batch_size: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.batch_size = batch_size
+
+    def task_fields(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size}
 
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
@@ -105,10 +117,5 @@ class FedAvg(ServerOptimizerMixin, Algorithm):
                 for p, g in zip(params.values(), grads, strict=True):
                     p.sub_(g, alpha=task.lr)
             loss_sum += float(loss.detach())
-        return ClientResult(
-            client_id=task.client_id,
-            update=parameter_delta(params, start),
-            weight=float(n),
-            num_examples=n,
-            metrics={"train_loss": loss_sum / max(task.local_steps, 1)},
-        )
+        metrics = {"train_loss": loss_sum / max(task.local_steps, 1)}
+        return trained_result(task, data, params, start, metrics)

@@ -45,8 +45,8 @@ vectorised over clients, an engine with its own float order), PE-DPFL (non-priva
 training, then one clipped and noised update: output perturbation), DPFL-BCS and its
 baselines (one full-batch noisy gradient step with L1/Laplace or L2/Gaussian, the loss
 reports coordinates of the same release) and FedFair (non-private). The non-private
-minibatch loop of FedFDP's baselines is `fedfdp_baselines.local_sgd`, which hands its
-private branch to this loop.
+minibatch loop of FedFDP's baselines is `raydpfl.papers.fedfdp.pfl_base.local_sgd`, which
+hands its private branch to this loop.
 
 The noisy loss query (`noisy_loss_query`, `private_mean_loss`) is likewise one function:
 FedFDP's loss upload (and DP q-FFL's F_k, which reuses it) and Adap DP-FL's schedule loss
@@ -70,11 +70,11 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    parameter_delta,
     privacy_session,
+    trained_result,
 )
-from raydpfl.privacy.dpsgd import WeightRule
-from raydpfl.privacy.kernel import Mechanism, SubsampledGaussian
+from raydpfl.privacy.dpsgd import StepStats, WeightRule
+from raydpfl.privacy.kernel import LiveSubsampledGaussian, Mechanism, SubsampledGaussian
 from raydpfl.privacy.loss_query import LossPrecision, clip_losses, private_mean_loss
 
 __all__ = [
@@ -178,33 +178,9 @@ def dp_sgd_local_loop(
         divisor = step_divisor(
             normalizer, dp_sgd.sampling_rate, n, int(positions.numel()), fixed_divisor
         )
-        if fused_correction:  # g first, then w ← w − η·(g + correction)
-            grad, stats = dp_sgd.gradient(
-                ctx.clipping,
-                params,
-                x,
-                y,
-                expected_batch_size=divisor,
-                weight_rule=weight_rule,
-            )
-            with torch.no_grad():
-                for name, p in params.items():
-                    term = grad[name] if extra is None else grad[name] + extra[name]
-                    p.sub_(term, alpha=task.lr)
-        else:
-            stats = dp_sgd.step_(  # w ← w − η·g, g the privatised gradient
-                ctx.clipping,
-                params,
-                x,
-                y,
-                lr=task.lr,
-                expected_batch_size=divisor,
-                weight_rule=weight_rule,
-            )
-            if extra is not None:  # w ← w − η·correction
-                with torch.no_grad():
-                    for name, p in params.items():
-                        p.sub_(extra[name], alpha=task.lr)
+        stats = _apply_dp_step(
+            dp_sgd, ctx, params, x, y, task.lr, divisor, weight_rule, extra, fused_correction
+        )
         if last:
             metrics["last_step_loss_change"] = batch_loss(ctx.model, params, x, y) - before
         if final and last_step_probe is not None:
@@ -214,6 +190,39 @@ def dp_sgd_local_loop(
     metrics["mean_batch_size"] = float(np.mean(batch_sizes)) if batch_sizes else 0.0
     metrics["clipped_fraction"] = float(np.mean(clipped)) if clipped else 0.0
     return start, metrics
+
+
+def _apply_dp_step(
+    dp_sgd: LiveSubsampledGaussian,
+    ctx: ClientContext,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    divisor: float,
+    weight_rule: WeightRule | None,
+    extra: Params | None,
+    fused: bool,
+) -> StepStats:
+    """One DP-SGD step of `dp_sgd_local_loop` on `params` in place, with the correction
+    `extra` (or none) in the float order `fused` picks; returns the step's statistics."""
+    if fused:  # g first, then w ← w − η·(g + correction)
+        grad, stats = dp_sgd.gradient(
+            ctx.clipping, params, x, y, expected_batch_size=divisor, weight_rule=weight_rule
+        )
+        with torch.no_grad():
+            for name, p in params.items():
+                term = grad[name] if extra is None else grad[name] + extra[name]
+                p.sub_(term, alpha=lr)
+        return stats
+    stats = dp_sgd.step_(  # w ← w − η·g, g the privatised gradient
+        ctx.clipping, params, x, y, lr=lr, expected_batch_size=divisor, weight_rule=weight_rule
+    )
+    if extra is not None:  # w ← w − η·correction
+        with torch.no_grad():
+            for name, p in params.items():
+                p.sub_(extra[name], alpha=lr)
+    return stats
 
 
 def step_divisor(
@@ -260,14 +269,7 @@ def dp_sgd_local_update(
         mechanism=mechanism,
         last_step_probe=last_step_probe,
     )
-    n = data.num_examples
-    return ClientResult(
-        client_id=task.client_id,
-        update=parameter_delta(params, start),
-        weight=float(n),
-        num_examples=n,
-        metrics=metrics,
-    )
+    return trained_result(task, data, params, start, metrics)
 
 
 def batch_loss(model: torch.nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> float:

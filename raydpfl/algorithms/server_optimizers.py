@@ -22,7 +22,7 @@ The state (``m``, ``v``) lives on the server and is checkpointed through the alg
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -164,15 +164,9 @@ class ServerOptimizerMixin:
 
     server_opt: ClassVar[ServerOptimizer | None] = None
 
-    def _set_server_optimizer(
-        self,
-        optimizer: str = "sgd",
-        lr: float = 1.0,
-        momentum: float = 0.9,
-        beta2: float = 0.99,
-        eps: float = 1e-3,
-    ) -> None:
-        opt = ServerOptimizer(optimizer, lr, momentum, beta2, eps)
+    def _set_server_optimizer(self, *settings: Any) -> None:
+        """`settings`: `ServerOptimizer`'s (optimizer, lr, momentum, beta2, eps)."""
+        opt = ServerOptimizer(*settings)
         if not opt.plain:
             self.server_opt = opt  # type: ignore[misc]
 

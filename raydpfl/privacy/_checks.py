@@ -32,3 +32,18 @@ def _non_negative(value: object, name: str) -> float:
     if x < 0.0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return x
+
+
+def _rate(value: object, name: str) -> float:
+    """A finite real in [0, 1] (a sampling rate, a probability)."""
+    x = _real(value, name)
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+    return x
+
+
+def _count(value: object, name: str, *, minimum: int = 0) -> int:
+    """An int >= `minimum` (not a bool)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)

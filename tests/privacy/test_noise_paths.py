@@ -339,7 +339,7 @@ def dp_fedavg(**kw):
 
 def fedfdp(**kw):
     from raydpfl.papers.fedfdp.algorithm import FedFDP
-    from raydpfl.papers.fedfdp.baselines import LossUpload
+    from raydpfl.papers.fedfdp.loss_upload import LossUpload
 
     upload = LossUpload(
         noise_multiplier=2.5,
@@ -1057,7 +1057,7 @@ def test_dpfl_bcs_clipping_bounds_each_contribution(mechanism, order):
 
 def test_fedfdp_loss_clipping_bounds_each_contribution():
     """A one-record, q_l = 1, σ_l = 0 loss release is that record's clip(ℓ) ≤ C_l."""
-    from raydpfl.papers.fedfdp.baselines import LossUpload
+    from raydpfl.papers.fedfdp.loss_upload import LossUpload
 
     upload = LossUpload(
         noise_multiplier=0.0,

@@ -87,7 +87,7 @@ from raydpfl.algorithms.base import (
     ClientTask,
     Params,
     WeightedUpdateSum,
-    parameter_delta,
+    trained_result,
     uniform_cohort,
 )
 from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update, noisy_loss_query
@@ -497,14 +497,7 @@ class AdapDpFl(Algorithm):
         if norms:
             metrics["noisy_grad_norm"] = float(np.mean(norms))
             metrics["noisy_grad_sq_norm"] = float(np.mean(np.square(norms)))
-        n = data.num_examples
-        return ClientResult(
-            client_id=task.client_id,
-            update=parameter_delta(params, start),
-            weight=float(n),
-            num_examples=n,
-            metrics=metrics,
-        )
+        return trained_result(task, data, params, start, metrics)
 
 
 def dp_loss_query(

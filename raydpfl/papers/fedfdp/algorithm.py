@@ -6,7 +6,7 @@ Per round t, every selected client i:
 1. (``train`` task) takes τ DP-SGD steps (τ = 1 in the paper) from w_t on Poisson(q)
    batches with *fair clipping*: per-sample weight c_j from s_j = 1 + λ(ℓ_j − F(w_t))
    (Eq. 13). Default rule ``abs`` (sign-safe, §11 A5): c_j = sign(s_j)·min(|s_j|, C/‖g_j‖),
-   so ‖c_j g_j‖ ≤ C for every λ and the step is SGM(q, σ) (`fedfdp_theory.fair_clip_weights`).
+   so ‖c_j g_j‖ ≤ C for every λ and the step is SGM(q, σ) (`theory.fair_clip_weights`).
    ``paper`` is Eq. 13 verbatim, min(s_j, C/‖g_j‖): when some s_j < 0 that sample's
    contribution is unbounded and the run is NOT DP; the client reports it and the run's
    `unaccounted_releases` says so.
@@ -45,24 +45,21 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    parameter_delta,
+    trained_result,
 )
-from raydpfl.papers.fedfdp.baselines import (
-    LossUpload,
-    PflBase,
-    local_sgd,
-    release_loss,
-    weighted_variance,
-)
-from raydpfl.papers.fedfdp.fedfair import aggregate_losses
-from raydpfl.papers.fedfdp.theory import (
+from raydpfl.papers.fedfdp.convergence import (
     BoundConstants,
     DegenerateBoundWarning,
+    lambda_star_cardano,
+    lambda_star_numeric,
+)
+from raydpfl.papers.fedfdp.fedfair import aggregate_losses, weighted_variance
+from raydpfl.papers.fedfdp.loss_upload import LossUpload, LossUploadFollowups, release_loss
+from raydpfl.papers.fedfdp.pfl_base import PflBase, local_sgd
+from raydpfl.papers.fedfdp.theory import (
     fair_clip_weights,
     fair_clip_weights_paper,
     fairness_scale,
-    lambda_star_cardano,
-    lambda_star_numeric,
 )
 from raydpfl.privacy.dpsgd import LossWeightRule
 
@@ -103,7 +100,7 @@ class FairClipRule(LossWeightRule):
         )
 
 
-class FedFDP(PflBase):
+class FedFDP(LossUploadFollowups, PflBase):
     """FedFDP: fair clipping DP-SGD + the private loss upload (two charged mechanisms)."""
 
     name = "fedfdp"
@@ -148,21 +145,11 @@ class FedFDP(PflBase):
             self.not_dp_rounds.append(tasks[0].round_idx + 1 if tasks else -1)
         return super().aggregate(global_params, tasks, results)
 
-    def followup_tasks(
-        self,
-        round_idx: int,
-        tasks: Sequence[ClientTask],
-        results: Sequence[ClientResult],
-        new_params: Params,
-    ) -> list[ClientTask]:
+    def loss_model(self, result: ClientResult) -> dict[str, torch.Tensor]:
+        """The client's updated model w_t + Δ_i: its loss is released (Alg. 2 L9–L11)."""
         assert self._start is not None
         start = self._start
-        return [
-            self.loss_upload.task(
-                r.client_id, round_idx, {f"w.{n}": start[n] + r.update[n] for n in start}
-            )
-            for r in results
-        ]
+        return {f"w.{n}": start[n] + result.update[n] for n in start}
 
     def after_round(
         self,
@@ -288,10 +275,4 @@ class FedFDP(PflBase):
         )
         metrics["negative_scale_fraction"] = rule.negative_scale / max(rule.samples, 1)
         metrics["negative_weight"] = float(rule.negative_weight)
-        return ClientResult(
-            client_id=task.client_id,
-            update=parameter_delta(params, start),
-            weight=float(data.num_examples),
-            num_examples=data.num_examples,
-            metrics=metrics,
-        )
+        return trained_result(task, data, params, start, metrics)

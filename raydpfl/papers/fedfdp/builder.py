@@ -27,26 +27,16 @@ from raydpfl.config.schema import Config, ConfigError, server_optimizer_algorith
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.builders.core import server_optimizer_kwargs
 from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
+from raydpfl.papers.fedfdp.accounting import fedfdp_history, max_rounds, max_rounds_paper
 from raydpfl.papers.fedfdp.algorithm import FedFDP
-from raydpfl.papers.fedfdp.baselines import (
-    DPQFFL,
-    QFFL,
-    DPFedDyn,
-    DPFedProx,
-    DPScaffold,
-    FedDyn,
-    FedProx,
-    LossUpload,
-    Scaffold,
-)
+from raydpfl.papers.fedfdp.convergence import BoundConstants
+from raydpfl.papers.fedfdp.feddyn import DPFedDyn, FedDyn
 from raydpfl.papers.fedfdp.fedfair import FedFair
+from raydpfl.papers.fedfdp.fedprox import DPFedProx, FedProx
+from raydpfl.papers.fedfdp.loss_upload import LossUpload
 from raydpfl.papers.fedfdp.options import PRIVATE_NAMES
-from raydpfl.papers.fedfdp.theory import (
-    BoundConstants,
-    fedfdp_history,
-    max_rounds,
-    max_rounds_paper,
-)
+from raydpfl.papers.fedfdp.qffl import DPQFFL, QFFL
+from raydpfl.papers.fedfdp.scaffold import DPScaffold, Scaffold
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.calibration import largest_feasible_steps
 from raydpfl.privacy.ledger import PrivacyLedger

@@ -26,15 +26,10 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    parameter_delta,
+    trained_result,
 )
-from raydpfl.papers.fedfdp.baselines import (
-    PflBase,
-    local_sgd,
-    mean_loss,
-    per_sample_losses,
-    weighted_variance,
-)
+from raydpfl.algorithms.local_dp_sgd import per_sample_losses
+from raydpfl.papers.fedfdp.pfl_base import PflBase, local_sgd, mean_loss
 from raydpfl.privacy.dpsgd import poisson_sample
 
 
@@ -49,6 +44,16 @@ def aggregate_losses(losses: Sequence[float], weights: Sequence[float]) -> float
     """F(w_{t+1}) = Σ p_i F_i with p_i ∝ weights over the clients that uploaded (Alg. 1 S6)."""
     w = np.asarray(weights, dtype=float)
     return float(np.dot(np.asarray(losses, dtype=float), w / w.sum()))
+
+
+def weighted_variance(values: Sequence[float], weights: Sequence[float]) -> float:
+    """Σ p_i (v_i − Σ p_j v_j)² with p ∝ weights (Ψ, Eq. 2), NaN entries dropped."""
+    v, w = np.asarray(values, dtype=float), np.asarray(weights, dtype=float)
+    keep = np.isfinite(v)
+    if not keep.any() or w[keep].sum() <= 0:
+        return float("nan")
+    v, p = v[keep], w[keep] / w[keep].sum()
+    return float(np.sum(p * (v - np.sum(p * v)) ** 2))
 
 
 class FedFair(PflBase):
@@ -116,13 +121,7 @@ class FedFair(PflBase):
             losses = per_sample_losses(ctx.model, params, *data.batch(positions))
             uploaded = float(losses.mean()) if losses.numel() else global_loss
         metrics["uploaded_loss"] = uploaded
-        return ClientResult(
-            client_id=task.client_id,
-            update=parameter_delta(params, start),
-            weight=float(data.num_examples),
-            num_examples=data.num_examples,
-            metrics=metrics,
-        )
+        return trained_result(task, data, params, start, metrics)
 
     def unaccounted_releases(self) -> list[str]:
         return [

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from raydpfl.algorithms.base import ClientResult, ClientTask
-from raydpfl.papers.fedfdp.baselines import batch_loss_and_grad
 from raydpfl.papers.fedfdp.fedfair import FedFair, aggregate_losses, fair_lr_factor
+from raydpfl.papers.fedfdp.pfl_base import batch_loss_and_grad
 from tests.papers.fedfdp.fedfdp_helpers import ctx, params_of, tiny_data, tiny_model
 
 

@@ -13,14 +13,10 @@ from raydpfl.algorithms.base import ClientResult, ClientTask
 from raydpfl.algorithms.dp_fedavg import DPFedAvg
 from raydpfl.config import ConfigError
 from raydpfl.experiment.build import build_experiment, run_experiment
+from raydpfl.papers.fedfdp.accounting import max_rounds, max_rounds_paper
 from raydpfl.papers.fedfdp.algorithm import FairClipRule, FedFDP
-from raydpfl.papers.fedfdp.baselines import LossUpload, release_loss
-from raydpfl.papers.fedfdp.theory import (
-    BoundConstants,
-    DegenerateBoundWarning,
-    max_rounds,
-    max_rounds_paper,
-)
+from raydpfl.papers.fedfdp.convergence import BoundConstants, DegenerateBoundWarning
+from raydpfl.papers.fedfdp.loss_upload import LossUpload, release_loss
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.dpsgd import PerSampleGradients, per_sample_norms
 from raydpfl.privacy.ledger import PrivacyCost

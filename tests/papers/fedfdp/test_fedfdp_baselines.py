@@ -9,18 +9,13 @@ import torch.nn.functional as F
 from raydpfl.algorithms.base import ClientResult, ClientTask
 from raydpfl.algorithms.dp_fedavg import DPFedAvg
 from raydpfl.experiment.build import build_experiment, run_experiment
-from raydpfl.papers.fedfdp.baselines import (
-    QFFL,
-    DPFedProx,
-    FedDyn,
-    FedProx,
-    Scaffold,
-    batch_loss_and_grad,
-    qffl_step,
-    scaffold_control_update,
-    weighted_variance,
-)
+from raydpfl.papers.fedfdp.feddyn import FedDyn
+from raydpfl.papers.fedfdp.fedfair import weighted_variance
+from raydpfl.papers.fedfdp.fedprox import DPFedProx, FedProx
 from raydpfl.papers.fedfdp.options import NAMES
+from raydpfl.papers.fedfdp.pfl_base import batch_loss_and_grad
+from raydpfl.papers.fedfdp.qffl import QFFL, qffl_step
+from raydpfl.papers.fedfdp.scaffold import Scaffold, scaffold_control_update
 from tests.conftest import small_config
 from tests.papers.fedfdp.fedfdp_helpers import ctx, params_of, tiny_data, tiny_model
 

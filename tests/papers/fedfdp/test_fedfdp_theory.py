@@ -12,25 +12,29 @@ import pytest
 import torch
 from scipy.special import gammaln, logsumexp
 
-from raydpfl.papers.fedfdp.theory import (
+from raydpfl.papers.fedfdp.accounting import (
     PAPER_ORDERS,
+    fedfdp_history,
+    max_rounds,
+    max_rounds_paper,
+    paper_epsilon,
+)
+from raydpfl.papers.fedfdp.convergence import (
     BoundCoefficients,
     BoundConstants,
     DegenerateBoundWarning,
     bound_coefficients,
     cardano_roots,
-    clip_losses,
     convergence_bound,
+    lambda_star_cardano,
+    lambda_star_numeric,
+)
+from raydpfl.papers.fedfdp.theory import (
+    clip_losses,
     fair_clip_weights,
     fair_clip_weights_paper,
     fairness_scale,
-    fedfdp_history,
-    lambda_star_cardano,
-    lambda_star_numeric,
-    max_rounds,
-    max_rounds_paper,
     next_loss_clip_bound,
-    paper_epsilon,
     private_mean_loss,
 )
 from raydpfl.privacy.accountants import compute_epsilon
