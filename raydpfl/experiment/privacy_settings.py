@@ -14,6 +14,7 @@ import numpy as np
 from raydpfl.config.schema import ConfigError, PrivacyConfig
 from raydpfl.privacy.accountants import describe_accountant
 from raydpfl.privacy.calibration import noise_multiplier_for
+from raydpfl.privacy.plan import PrivacyPlan
 
 #: What a reported ε means; copied into every private run's summary.json.
 PRIVACY_STATEMENT = {
@@ -113,3 +114,22 @@ def check_delta(delta: float, sizes: np.ndarray) -> None:
             f"must be < 1/|D_i| = {1.0 / largest:.3g} for the largest client ({largest} records); "
             f"got {delta}",
         )
+
+
+def plan_dp_sgd(privacy: PrivacyConfig, max_steps: int) -> PrivacyPlan:
+    """DP-FedAvg's privacy plan: σ from the config or calibrated so that `max_steps` DP-SGD
+    steps spend ε, with the config's C, q, δ and accountant (record-level, per client)."""
+    sigma, calibrated = noise_multiplier(privacy, max_steps)
+    meta = privacy_metadata(privacy)
+    meta.update(noise_multiplier=sigma, noise_calibrated=calibrated)
+    return PrivacyPlan(
+        unit="record",
+        accountant=privacy.accountant,
+        delta=privacy.delta,
+        epsilon=privacy.epsilon,
+        clip_norm=privacy.clip_norm,
+        noise_multiplier=sigma,
+        sampling_rate=privacy.sampling_rate,
+        noise_calibrated=calibrated,
+        metadata=meta,
+    )

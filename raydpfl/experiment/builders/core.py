@@ -9,7 +9,7 @@ import torch
 from raydpfl.algorithms import Algorithm, DPFedAvg, FedAvg
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.experiment.privacy_settings import check_delta, noise_multiplier, privacy_metadata
+from raydpfl.experiment.privacy_settings import check_delta, plan_dp_sgd
 from raydpfl.privacy.ledger import PrivacyLedger
 
 
@@ -30,22 +30,19 @@ def build(
         )
         return fedavg, None, {"unit": "none: non-private run (epsilon is infinite)"}
     check_delta(privacy.delta, sizes)
-    ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
-    meta = privacy_metadata(privacy)
     if algo.name == "dp_fedavg":
-        sigma, calibrated = noise_multiplier(privacy, algo.rounds * algo.local_steps)
+        plan = plan_dp_sgd(privacy, algo.rounds * algo.local_steps)
         algorithm: Algorithm = DPFedAvg(
             clients_per_round=algo.clients_per_round,
             local_steps=algo.local_steps,
             lr=algo.lr,
-            clip_norm=privacy.clip_norm,
-            noise_multiplier=sigma,
-            sampling_rate=privacy.sampling_rate,
+            clip_norm=plan.clip_norm,
+            noise_multiplier=plan.noise_multiplier,
+            sampling_rate=plan.sampling_rate,
             # Post-processing of the noised aggregate: no privacy cost, nothing charged.
             **server_optimizer_kwargs(config),
         )
-        meta.update(noise_multiplier=sigma, noise_calibrated=calibrated)
-        return algorithm, ledger, meta
+        return algorithm, plan.ledger(), plan.summary()
     raise ConfigError("experiment.algorithm.name", f"{algo.name!r} is not a core algorithm")
 
 

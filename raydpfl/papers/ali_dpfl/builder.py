@@ -1,5 +1,6 @@
 """ALI-DPFL's builder: config → algorithm (ALI-DPFL, its fixed-τ, PE-DPFL or Adap DP-FL
-baseline), the per-client record-level ledger and the privacy metadata."""
+baseline), the per-client record-level ledger and the privacy metadata; the privacy
+parameters come from the paper's plan (`privacy_plan`)."""
 
 from __future__ import annotations
 
@@ -11,140 +12,84 @@ import torch
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
 from raydpfl.papers.ali_dpfl.adap_dp_fl import AdapDpFl
 from raydpfl.papers.ali_dpfl.algorithm import AliDpfl, DPFedAvgFixedTau
 from raydpfl.papers.ali_dpfl.pe_dpfl import PeDpfl
-from raydpfl.papers.ali_dpfl.pe_dpfl import calibrate_noise_multiplier as calibrate_pe_noise
-from raydpfl.papers.ali_dpfl.theory import classic_epsilon, iteration_budget
-from raydpfl.privacy.calibration import epsilon_for
+from raydpfl.papers.ali_dpfl.privacy_plan import plan_privacy
 from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.plan import PrivacyPlan
 
 
 def build(
     config: Config, dataset: FederatedDataset, model: torch.nn.Module
 ) -> tuple[Algorithm, PrivacyLedger, dict[str, Any]]:
-    """The algorithm named by `config` (one of `options.NAMES`), its ledger and metadata."""
-    privacy = config.experiment.privacy
+    """The algorithm named by `config` (one of `options.NAMES`), its ledger and metadata,
+    σ, C, q and R_c taken from the paper's privacy plan (`privacy_plan.plan_privacy`)."""
     sizes = dataset.train_sizes()
-    check_delta(privacy.delta, sizes)
-    ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
-    meta = privacy_metadata(privacy)
+    plan = plan_privacy(config, sizes)
+    num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if config.experiment.algorithm.name in ("pe_dpfl", "adap_dp_fl"):
-        return _ali_baseline(config, sizes, model, ledger, meta)
-    return _ali(config, sizes, model, ledger, meta)
+        algorithm = _ali_baseline(config, plan, num_params)
+        return algorithm, plan.ledger(), plan.summary()
+    algorithm, meta = _ali(config, plan, sizes, num_params)
+    return algorithm, plan.ledger(), meta
 
 
-def _ali_baseline(
-    config: Config,
-    sizes: np.ndarray,
-    model: torch.nn.Module,
-    ledger: PrivacyLedger,
-    meta: dict[str, Any],
-) -> tuple[Algorithm, PrivacyLedger, dict[str, Any]]:
+def _ali_baseline(config: Config, plan: PrivacyPlan, num_params: int) -> Algorithm:
     """PE-DPFL or Adap DP-FL (ALI-DPFL's baselines): each stops on its own accountant."""
-    exp = config.experiment
-    algo, privacy = exp.algorithm, exp.privacy
+    algo = config.experiment.algorithm
+    options = algo.typed_options()
     common = dict(
         clients_per_round=algo.clients_per_round,
         rounds_budget=algo.rounds,
         local_steps=algo.local_steps,
         lr=algo.lr,
-        sampling_rate=privacy.sampling_rate,
-        epsilon=privacy.epsilon,
-        delta=privacy.delta,
-        accountant=privacy.accountant,
+        sampling_rate=plan.sampling_rate,
+        epsilon=plan.epsilon,
+        delta=plan.delta,
+        accountant=plan.accountant,
+        noise_multiplier=plan.noise_multiplier,
     )
     try:
         if algo.name == "pe_dpfl":
-            pe = algo.typed_options()
-            sigma = privacy.noise_multiplier
-            calibrated = sigma is None
-            if sigma is None:
-                sigma = calibrate_pe_noise(
-                    privacy.epsilon, privacy.delta, algo.rounds, privacy.accountant
-                )
-            algorithm: Algorithm = PeDpfl(
+            return PeDpfl(
                 **common,
-                update_clip_norm=pe.update_clip_norm or privacy.clip_norm,
-                noise_multiplier=sigma,
-                reg_weight=pe.reg_weight,
-                perturbation_std=pe.perturbation_std,
-                num_perturbations=pe.num_perturbations,
+                update_clip_norm=options.update_clip_norm or plan.clip_norm,
+                reg_weight=options.reg_weight,
+                perturbation_std=options.perturbation_std,
+                num_perturbations=options.num_perturbations,
             )
-        else:
-            ad = algo.typed_options()
-            if privacy.noise_multiplier is None:
-                raise ConfigError(
-                    "experiment.privacy.noise_multiplier",
-                    "adap_dp_fl needs the initial sigma (it decays it adaptively)",
-                )
-            sigma, calibrated = privacy.noise_multiplier, False
-            num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            algorithm = AdapDpFl(
-                **common,
-                clip_norm=privacy.clip_norm,
-                noise_multiplier=sigma,
-                noise_decay=ad.noise_decay,
-                num_params=num_params,
-                patience=ad.patience,
-                clip_factor=ad.clip_factor,
-                clip_estimator=ad.clip_estimator,
-                clip_min=ad.clip_min,
-                clip_max=ad.clip_max,
-                min_noise_multiplier=ad.min_noise_multiplier,
-                loss_clip=ad.loss_clip,
-            )
+        return AdapDpFl(
+            **common,
+            clip_norm=plan.clip_norm,
+            noise_decay=options.noise_decay,
+            num_params=num_params,
+            patience=options.patience,
+            clip_factor=options.clip_factor,
+            clip_estimator=options.clip_estimator,
+            clip_min=options.clip_min,
+            clip_max=options.clip_max,
+            min_noise_multiplier=options.min_noise_multiplier,
+            loss_clip=options.loss_clip,
+        )
     except ValueError as e:
         raise ConfigError(f"experiment.algorithm.{algo.name}", str(e)) from None
-    meta.update(noise_multiplier=sigma, noise_calibrated=calibrated)
-    return algorithm, ledger, meta
 
 
 def _ali(
-    config: Config,
-    sizes: np.ndarray,
-    model: torch.nn.Module,
-    ledger: PrivacyLedger,
-    meta: dict[str, Any],
-) -> tuple[Algorithm, PrivacyLedger, dict[str, Any]]:
-    """ALI-DPFL or its fixed-τ baseline: σ fixed, the budget sets R_c (Algorithm 3)."""
-    exp = config.experiment
-    algo, privacy, ali = exp.algorithm, exp.privacy, exp.algorithm.typed_options()
-    if privacy.noise_multiplier is None:
-        raise ConfigError(
-            "experiment.privacy.noise_multiplier",
-            f"{algo.name} needs a fixed sigma (the budget sets the iteration cap R_c, "
-            "not sigma); the paper's is 1.1",
-        )
-    sigma, q = privacy.noise_multiplier, privacy.sampling_rate
-    try:
-        r_c = iteration_budget(
-            privacy.epsilon,
-            privacy.delta,
-            q,
-            sigma,
-            mode=ali.rc_mode,
-            conversion=ali.rc_conversion,
-            accountant=privacy.accountant,
-        )
-    except ValueError as e:
-        raise ConfigError("experiment.privacy", f"cannot derive R_c: {e}") from None
-    if r_c < 1:
-        raise ConfigError(
-            "experiment.privacy.epsilon",
-            f"the budget allows no DP-SGD iteration at sigma={sigma}, q={q}; raise epsilon",
-        )
-    num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    min_batch = max(1.0, q * float(sizes.min()))
+    config: Config, plan: PrivacyPlan, sizes: np.ndarray, num_params: int
+) -> tuple[AliDpfl, dict[str, Any]]:
+    """ALI-DPFL or its fixed-τ baseline, R_c = the plan's step budget."""
+    algo, ali = config.experiment.algorithm, config.experiment.algorithm.typed_options()
+    min_batch = max(1.0, float(plan.sampling_rate) * float(sizes.min()))
     common = dict(
         clients_per_round=algo.clients_per_round,
         rounds_budget=algo.rounds,
-        iteration_budget=r_c,
+        iteration_budget=plan.step_budget,
         lr=algo.lr,
-        clip_norm=privacy.clip_norm,
-        noise_multiplier=sigma,
-        sampling_rate=q,
+        clip_norm=plan.clip_norm,
+        noise_multiplier=plan.noise_multiplier,
+        sampling_rate=plan.sampling_rate,
         num_params=num_params,
         min_batch=min_batch,
         normalizer=ali.normalizer,
@@ -165,17 +110,8 @@ def _ali(
             tau_max=ali.tau_max,
             last_round=ali.last_round,
         )
+    meta = plan.summary()
     meta.update(
-        noise_multiplier=sigma,
-        noise_calibrated=False,
-        iteration_budget_R_c=r_c,
-        rounds_budget_R_s=algo.rounds,
-        rc_mode=ali.rc_mode,
-        rc_conversion="classic" if ali.rc_mode == "paper_compat" else ali.rc_conversion,
-        classic_epsilon_at_R_c=classic_epsilon(q, sigma, r_c, privacy.delta),
-        ledger_epsilon_at_R_c=epsilon_for(sigma, q, r_c, privacy.delta, privacy.accountant),
-        min_batch_B_hat=min_batch,
-        num_params_d=num_params,
-        adaptive_tau=algorithm.adaptive,
+        min_batch_B_hat=min_batch, num_params_d=num_params, adaptive_tau=algorithm.adaptive
     )
-    return algorithm, ledger, meta
+    return algorithm, meta

@@ -26,8 +26,6 @@ from raydpfl.algorithms.base import Algorithm
 from raydpfl.config.schema import Config, ConfigError, server_optimizer_algorithms
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.builders.core import server_optimizer_kwargs
-from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
-from raydpfl.papers.fedfdp.accounting import fedfdp_history, max_rounds, max_rounds_paper
 from raydpfl.papers.fedfdp.algorithm import FedFDP
 from raydpfl.papers.fedfdp.convergence import BoundConstants
 from raydpfl.papers.fedfdp.feddyn import DPFedDyn, FedDyn
@@ -35,14 +33,10 @@ from raydpfl.papers.fedfdp.fedfair import FedFair
 from raydpfl.papers.fedfdp.fedprox import DPFedProx, FedProx
 from raydpfl.papers.fedfdp.loss_upload import LossUpload
 from raydpfl.papers.fedfdp.options import PRIVATE_NAMES
+from raydpfl.papers.fedfdp.privacy_plan import plan_privacy
 from raydpfl.papers.fedfdp.qffl import DPQFFL, QFFL
 from raydpfl.papers.fedfdp.scaffold import DPScaffold, Scaffold
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.calibration import largest_feasible_steps
 from raydpfl.privacy.ledger import PrivacyLedger
-
-#: Private algorithms that also release a loss each round (a second mechanism).
-LOSS_RELEASING = ("fedfdp", "dp_qffl")
 
 
 def build(
@@ -52,7 +46,6 @@ def build(
     exp = config.experiment
     algo, privacy, opts = exp.algorithm, exp.privacy, exp.algorithm.typed_options()
     name = algo.name
-    sizes = dataset.train_sizes()
     common: dict[str, Any] = dict(
         clients_per_round=algo.clients_per_round,
         lr=algo.lr,
@@ -77,108 +70,21 @@ def build(
             None,
             {"unit": "none: non-private run (epsilon is infinite)"},
         )
-
-    check_delta(privacy.delta, sizes)
-    sigma = privacy.noise_multiplier
-    if sigma is None:
-        raise ConfigError(
-            "experiment.privacy.noise_multiplier",
-            f"{name} needs a fixed sigma (the budget sets the number of rounds; paper: 2.0)",
-        )
-    q, tau = privacy.sampling_rate, algo.local_steps
-    q_l = opts.loss_sampling_rate if opts.loss_sampling_rate is not None else q
-    sigma_l = opts.loss_noise_multiplier
-    releases_loss = name in LOSS_RELEASING
-    try:
-        history_of = _history_fn(releases_loss, sigma, q, tau, sigma_l, q_l)
-        t_full = (
-            max_rounds(
-                privacy.epsilon,
-                privacy.delta,
-                sampling_rate=q,
-                noise_multiplier=sigma,
-                loss_noise_multiplier=sigma_l,
-                loss_sampling_rate=q_l,
-                local_steps=tau,
-                accountant=privacy.accountant,
-            )
-            if releases_loss
-            else largest_feasible_steps(
-                lambda t: (
-                    compute_epsilon(history_of(t), privacy.delta, privacy.accountant)
-                    <= privacy.epsilon
-                )
-            )
-        )
-        t_paper = max_rounds_paper(
-            privacy.epsilon,
-            privacy.delta,
-            sampling_rate=q,
-            noise_multiplier=sigma,
-            local_steps=tau,
-        )
-    except ValueError as e:
-        raise ConfigError("experiment.privacy", f"cannot derive the round budget: {e}") from None
-    mode = opts.rounds_from_budget
-    if mode == "full":
-        if t_full < 1:
-            raise ConfigError(
-                "experiment.privacy.epsilon",
-                f"the budget allows no round at sigma={sigma}, q={q}; raise epsilon",
-            )
-        max_r: int | None = t_full
-        ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
-    elif mode == "paper_model_only":
-        max_r = t_paper
-        # The paper's T overshoots the budget when a loss is released: no cap, so the
-        # ledger charges every release and reports the ε really spent.
-        ledger = PrivacyLedger(privacy.accountant, privacy.delta, None)
-    else:
-        max_r = None
-        ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
-    eps_paper_t = compute_epsilon(history_of(t_paper), privacy.delta, privacy.accountant)
-    meta = privacy_metadata(privacy)
-    meta.update(
-        noise_multiplier=sigma,
-        noise_calibrated=False,
-        rounds_from_budget=mode,
-        rounds_budget_full=t_full,
-        rounds_budget_paper_model_only=t_paper,
-        epsilon_at_paper_rounds=eps_paper_t,
-        rounds_run_at_most=min(algo.rounds, max_r) if max_r is not None else algo.rounds,
-        mechanisms=(
-            ["gradient SGM(q, sigma) x local_steps per round", "loss SGM(q_l, sigma_l) per round"]
-            if releases_loss
-            else ["gradient SGM(q, sigma) x local_steps per round"]
-        ),
-    )
-    if releases_loss:
-        meta.update(
-            covers="every model and every loss value the client released in every round "
-            "(each charged before dispatch: the model as SGM(q, sigma) x local_steps, the "
-            "loss as SGM(q_l, sigma_l))",
-            loss_noise_multiplier=sigma_l,
-            loss_sampling_rate=q_l,
-            loss_batch="independent Poisson sample (composes additively with the gradient)",
-        )
-    if mode == "paper_model_only" and releases_loss:
-        meta["budget_note"] = (
-            f"rounds set by the paper's gradient-only count ({t_paper}); the loss upload is "
-            f"charged too, so the delivered epsilon is {eps_paper_t:.3f}, not the "
-            f"{privacy.epsilon} budget (the ledger is uncapped and reports it)"
-        )
+    plan = plan_privacy(config, dataset.train_sizes())
+    meta = plan.summary()
     common.update(
-        clip_norm=privacy.clip_norm,
-        noise_multiplier=sigma,
-        max_rounds=max_r,
+        clip_norm=plan.clip_norm,
+        noise_multiplier=plan.noise_multiplier,
+        max_rounds=plan.step_budget,
     )
     upload = LossUpload(
-        noise_multiplier=sigma_l,
-        sampling_rate=q_l,
+        noise_multiplier=plan.extra["loss_noise_multiplier"],
+        sampling_rate=plan.extra["loss_sampling_rate"],
         clip_init=opts.loss_clip_init,
         clip_floor=opts.loss_clip_floor,
         clip_multiplier=opts.loss_clip_multiplier,
     )
+    sigma, q = plan.noise_multiplier, plan.sampling_rate
     try:
         algorithm = _private(name, opts, common, dataset, model, upload, sigma, q)
     except ValueError as e:
@@ -195,23 +101,7 @@ def build(
                 "sensitivity whenever 1+lambda*Delta < 0; see unaccounted_releases"
             ),
         )
-    return algorithm, ledger, meta
-
-
-def _history_fn(releases_loss: bool, sigma: float, q: float, tau: int, sigma_l: float, q_l: float):
-    def history(t: int) -> list[tuple[float, float, int]]:
-        if releases_loss:
-            return fedfdp_history(
-                t,
-                sampling_rate=q,
-                noise_multiplier=sigma,
-                loss_noise_multiplier=sigma_l,
-                loss_sampling_rate=q_l,
-                local_steps=tau,
-            )
-        return [(sigma, q, t * tau)]
-
-    return history
+    return algorithm, plan.ledger(), meta
 
 
 def _nonprivate(name: str, opts: Any, common: dict[str, Any], num_clients: int) -> Algorithm:

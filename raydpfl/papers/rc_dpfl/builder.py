@@ -15,7 +15,6 @@ Both use the ledger's accountant, so the ε the ledger reports is ε(z_i) ≤ bu
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -26,11 +25,6 @@ from raydpfl.algorithms.base import Algorithm
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.cluster_shift import true_clusters
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.papers.rc_dpfl.accounting import (
-    steps_per_round,
-    two_stage_epsilon,
-    two_stage_noise_multiplier,
-)
 from raydpfl.papers.rc_dpfl.algorithm import RcDpfl
 from raydpfl.papers.rc_dpfl.baselines import (
     ClusteredDPFedAvg,
@@ -40,8 +34,7 @@ from raydpfl.papers.rc_dpfl.baselines import (
     MrMtl,
     OracleCDPFL,
 )
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.calibration import noise_multiplier_for
+from raydpfl.papers.rc_dpfl.privacy_plan import plan_privacy
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed
 
@@ -52,10 +45,9 @@ def build(
     config: Config, dataset: FederatedDataset, model: nn.Module
 ) -> tuple[Algorithm, PrivacyLedger | None, dict[str, Any]]:
     """The algorithm named by `config`, its ledger (None if non-private) and metadata."""
-    from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
 
     exp, rt = config.experiment, config.runtime
-    algo, privacy, rc = exp.algorithm, exp.privacy, exp.algorithm.typed_options()
+    algo, rc = exp.algorithm, exp.algorithm.typed_options()
     sizes = dataset.train_sizes()
     n = len(sizes)
     if algo.clients_per_round != n:
@@ -80,27 +72,13 @@ def build(
         )
     if algo.name == "rc_dpfl":
         _check_gmm_options(rc, n)
-    check_delta(privacy.delta, sizes)
-    gumbel = algo.name == "rc_dpfl" and rc.selection_privacy == "gumbel"
-    if gumbel and privacy.accountant not in ("rdp", "dp_rdp"):
-        raise ConfigError(
-            "experiment.algorithm.rc_dpfl.selection_privacy",
-            f"gumbel selection composes in RDP only; accountant is {privacy.accountant!r}",
-        )
-    sel_rounds = (rc.selection_rounds or math.ceil(0.1 * algo.rounds)) if gumbel else 0
-    sel_eps = rc.selection_epsilon_fraction * privacy.epsilon if gumbel else None
-    zs, planned = _noise_multipliers(
-        config,
-        sizes,
-        two_stage=algo.name == "rc_dpfl",
-        selection_rounds=sel_rounds,
-        selection_epsilon=sel_eps,
-    )
+    plan = plan_privacy(config, sizes)
+    sel_eps, sel_rounds = plan.extra["selection_epsilon"], plan.extra["selection_rounds"]
     common: dict[str, Any] = dict(
         num_clients=n,
         lr=algo.lr,
-        clip_norm=privacy.clip_norm,
-        noise_multipliers=zs,
+        clip_norm=plan.clip_norm,
+        noise_multipliers=plan.extra["noise_multipliers"],
         batch_size=rc.batch_size,
         local_epochs=rc.local_epochs,
         seed=rt.seed,
@@ -110,26 +88,9 @@ def build(
         algorithm = _make(config, model, common, sel_eps, sel_rounds, clusters)
     except ValueError as e:
         raise ConfigError(f"experiment.algorithm.{algo.name}", str(e)) from None
-    ledger = PrivacyLedger(privacy.accountant, privacy.delta, privacy.epsilon)
-    meta = privacy_metadata(privacy)
-    meta.update(
-        sampling_rate=None,
-        sampling="Poisson at q_i = b/|D_i| (experiment.privacy.sampling_rate is not used)",
-        batch_size=rc.batch_size,
-        local_epochs=rc.local_epochs,
-        noise_multiplier=float(max(zs)),
-        noise_multipliers_per_client=[float(z) for z in zs],
-        noise_calibrated=privacy.noise_multiplier is None,
-        planned_epsilon_max=float(max(planned)),
-        accounting="two_stage (full-batch round 1 + Poisson rounds)"
-        if algo.name == "rc_dpfl"
-        else "single_stage",
-        selection_privacy=rc.selection_privacy if algo.name == "rc_dpfl" else None,
-        selection_epsilon=sel_eps,
-        selection_rounds=sel_rounds,
-        true_clusters=None if clusters is None else clusters.tolist(),
-    )
-    return algorithm, ledger, meta
+    meta = plan.summary()
+    meta.update(true_clusters=None if clusters is None else clusters.tolist())
+    return algorithm, plan.ledger(), meta
 
 
 def _check_gmm_options(rc: Any, n: int) -> None:
@@ -141,51 +102,6 @@ def _check_gmm_options(rc: Any, n: int) -> None:
         raise ConfigError(
             "experiment.algorithm.rc_dpfl.select_num_clusters", "mss needs at least 3 clients"
         )
-
-
-def _noise_multipliers(
-    config: Config,
-    sizes: np.ndarray,
-    *,
-    two_stage: bool,
-    selection_rounds: int,
-    selection_epsilon: float | None,
-) -> tuple[list[float], list[float]]:
-    """z_i per client and the ε each would have spent after all rounds."""
-    exp = config.experiment
-    privacy, rc, rounds = exp.privacy, exp.algorithm.typed_options(), exp.algorithm.rounds
-    cache: dict[int, tuple[float, float]] = {}
-    for size in sorted({int(s) for s in sizes}):
-        b = min(rc.batch_size, size)
-        kw: dict[str, Any] = dict(
-            local_epochs=rc.local_epochs, total_rounds=rounds, accountant=privacy.accountant
-        )
-        if selection_rounds:
-            kw.update(selection_rounds=selection_rounds, selection_epsilon=selection_epsilon)
-        try:
-            if two_stage:
-                z = privacy.noise_multiplier
-                if z is None:
-                    z = two_stage_noise_multiplier(privacy.epsilon, privacy.delta, size, b, **kw)
-                eps = two_stage_epsilon(z, privacy.delta, size, b, **kw)
-            else:
-                steps = rounds * steps_per_round(size, b, rc.local_epochs)
-                z = privacy.noise_multiplier
-                if z is None:
-                    z = noise_multiplier_for(
-                        privacy.epsilon, privacy.delta, b / size, steps, privacy.accountant
-                    )
-                eps = compute_epsilon([(z, b / size, steps)], privacy.delta, privacy.accountant)
-        except ValueError as e:
-            raise ConfigError("experiment.privacy", f"cannot calibrate sigma: {e}") from None
-        if eps > privacy.epsilon * (1 + 1e-9):
-            raise ConfigError(
-                "experiment.privacy.noise_multiplier",
-                f"sigma={z} spends epsilon={eps:.4g} > budget {privacy.epsilon} over "
-                f"{rounds} rounds for a client with {size} records; use null to calibrate",
-            )
-        cache[size] = (float(z), float(eps))
-    return [cache[int(s)][0] for s in sizes], [cache[int(s)][1] for s in sizes]
 
 
 def _make(
