@@ -195,15 +195,7 @@ def test_imports_only_point_down():
                 upward.append(f"{module} -> {target} (the top-level package)")
             elif there != here and LAYERS[there] >= LAYERS[here]:
                 upward.append(f"{module} -> {target}")
-    assert [u for u in upward if not u.startswith(PAPER_SEAMS)] == []
-
-
-#: Core modules that still import a paper (issue 36): each entry goes with its seam.
-PAPER_SEAMS = (
-    # `raydpfl privacy steps --mode paper_compat` (ALI-DPFL's R_c bisection), until the
-    # classic conversion moves down into raydpfl.privacy.
-    "raydpfl.cli.main -> raydpfl.papers.",
-)
+    assert upward == []
 
 
 def _paper(module: str) -> str | None:
@@ -230,7 +222,7 @@ def test_the_core_imports_no_paper():
         for t in _edges(m)
         if _package(t) == "papers"
     ]
-    assert [c for c in core if not c.startswith(PAPER_SEAMS)] == []
+    assert core == []
 
 
 @pytest.mark.parametrize("paper", ["ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl"])

@@ -750,7 +750,7 @@ def _cmd_privacy_noise(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
-    from raydpfl.papers.ali_dpfl.theory import iteration_budget
+    from raydpfl.privacy.step_budget import iteration_budget
 
     try:
         steps = iteration_budget(
