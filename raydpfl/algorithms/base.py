@@ -521,6 +521,17 @@ class Algorithm(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not train groups vectorised")
 
 
+#: Registry tags by which an algorithm declares how `raydpfl audit` may put canaries into
+#: its runs: DP-FedAvg's own record canaries, the shared DP-SGD loop's null-record gradient
+#: canaries (record level), client-level DP-FedAvg's canary clients. A private algorithm
+#: without one is refused, with its ``notes["audit"]`` as the reason.
+AUDIT_TAGS = {
+    "audit:dp_fedavg": "record",
+    "audit:dp_sgd_loop": "record",
+    "audit:client": "client",
+}
+
+
 def server_stream(seed: int, round_idx: int, purpose: str) -> np.random.Generator:
     """A numpy stream of the server half named by (run seed, round, purpose): the same
     draws however many workers run and in whatever order clients finish (a server half's

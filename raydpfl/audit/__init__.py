@@ -5,8 +5,9 @@ the experiment once with canaries and returns an `AuditResult`:
 the empirical ε lower bound at a stated confidence beside the accountant's ε. The bound
 itself is `epsilon_lower_bound` (`raydpfl.audit.bound`); the canaries and the audited
 algorithms are in `raydpfl.audit.canaries`; the modes, their threat models and which
-algorithms are audited (`AUDITABLE`: dp_fedavg_client at the client level; dp_fedavg and
-every algorithm of the shared DP-SGD loop, `LOOP_AUDITABLE`, at the record level) in
+algorithms are audited (`auditable()`, declared by each algorithm's registration:
+dp_fedavg_client at the client level; dp_fedavg and every algorithm of the shared DP-SGD
+loop, `loop_auditable()`, at the record level) in
 `raydpfl.audit.run`. Layer 6: uses the composition root (`raydpfl.experiment`).
 """
 

@@ -10,7 +10,7 @@ record, white-box The adversary is the server: it sees every participating clien
                   training record whose per-sample gradient is a Dirac G·e_j (G = 100C) on a
                   probe coordinate no real record touches. Score: the likelihood ratio of
                   its coordinate's releases over the rounds its client took part in.
-record, white-box The algorithms of the shared DP-SGD loop (`LOOP_AUDITABLE`: ALI-DPFL,
+record, white-box The algorithms of the shared DP-SGD loop (`loop_auditable()`: ALI-DPFL,
 (loop)            Adap DP-FL, FedFDP and its dp_ baselines, the RC-DPFL family, ...). The
                   adversary sees every DP-SGD step's noisy sum Σ a_i g_i + N(0, σ²C²) of
                   every participating client (the releases each task's ledger charge
@@ -62,6 +62,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from raydpfl import registry
+from raydpfl.algorithms.base import AUDIT_TAGS
 from raydpfl.algorithms.dp_fedavg import DPFedAvg
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.algorithms.multi_model import model_params
@@ -79,47 +81,44 @@ from raydpfl.simulation.experiment import Experiment
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, numpy_rng
 
-__all__ = ["AUDITABLE", "LOOP_AUDITABLE", "MODES", "SCORES", "AuditResult", "audit"]
+__all__ = [
+    "MODES",
+    "SCORES",
+    "AuditResult",
+    "audit",
+    "auditable",
+    "loop_auditable",
+    "not_auditable",
+]
 
 MODES = ("white-box", "black-box")
 SCORES = ("lr", "sum")
-#: Record-level algorithms whose client half is the shared DP-SGD loop
-#: (`raydpfl.algorithms.local_dp_sgd.dp_sgd_local_loop`, each step through
-#: `dpsgd.dp_sgd_step_`): audited with null-record gradient canaries (`canaries.LoopAudit`).
-LOOP_AUDITABLE = (
-    "dp_fedavg_fixed_tau",
-    "ali_dpfl",
-    "adap_dp_fl",
-    "rc_dpfl",
-    "rc_dp_fedavg",
-    "o_cdpfl",
-    "rc_local",
-    "km_cdpfl",
-    "fedfdp",
-    "dp_fedprox",
-    "dp_scaffold",
-    "dp_feddyn",
-    "dp_qffl",
-)
-#: The algorithms the audit knows how to put canaries into, and their privacy unit.
-AUDITABLE = {
-    "dp_fedavg": "record",
-    "dp_fedavg_client": "client",
-    **{name: "record" for name in LOOP_AUDITABLE},
-}
-#: Private algorithms the audit refuses, and why (the refusal names the reason).
-NOT_AUDITABLE = {
-    "mr_mtl": "its fused DP-SGD update never hands the noisy sum to the clipping engine",
-    "f_cdpfl": "its initial cluster models are built before the audit's probe is added",
-    "dpfl_bcs": "its full-batch Laplace/Gaussian step is not the DP-SGD loop",
-    "bcs_privatefl": "its full-batch noisy step is not the DP-SGD loop",
-    **{
-        name: "a DPFL-BCS baseline: its full-batch noisy step is not the DP-SGD loop"
-        for name in ("bcs_dpsgd", "bcs_dmldp", "bcs_weiavg", "bcs_pfa", "bcs_privatefl_bcs")
-    },
-    "pe_dpfl": "it perturbs the output of non-private local training, not DP-SGD steps",
-    "dp_ftrl_client": "a client-level tree mechanism, not DP-FedAvg's Gaussian sum",
-}
+
+
+def auditable() -> dict[str, str]:
+    """The algorithms the audit puts canaries into, and their privacy unit: those whose
+    registration declares an `raydpfl.algorithms.base.AUDIT_TAGS` tag (DP-FedAvg, client-level
+    DP-FedAvg, and every algorithm of the shared DP-SGD loop), a user's included."""
+    import raydpfl.experiment.builders  # noqa: F401  (registers the core's names)
+
+    out = {}
+    for entry in registry.entries("algorithm"):
+        units = [AUDIT_TAGS[t] for t in sorted(entry.tags) if t in AUDIT_TAGS]
+        if units:
+            out[entry.name] = units[0]
+    return out
+
+
+def loop_auditable() -> tuple[str, ...]:
+    """Record-level algorithms whose client half is the shared DP-SGD loop
+    (`raydpfl.algorithms.local_dp_sgd.dp_sgd_local_loop`, each step through
+    `dpsgd.dp_sgd_step_`): audited with null-record gradient canaries (`canaries.LoopAudit`)."""
+    return registry.tagged("algorithm", "audit:dp_sgd_loop")
+
+
+def not_auditable() -> dict[str, str]:
+    """Private algorithms the audit refuses, and why (their ``notes["audit"]``)."""
+    return {e.name: e.notes["audit"] for e in registry.entries("algorithm") if "audit" in e.notes}
 
 
 @dataclass(frozen=True)
@@ -213,8 +212,8 @@ def audit(
     on Ray) without checkpoints; everything else is the config's. A dp_fedavg run is
     audited at the record level, a dp_fedavg_client run at the client level (canary
     clients are added to its population, so its accountant's ε is the audited run's own),
-    and a run of any algorithm in `LOOP_AUDITABLE` at the record level through its DP-SGD
-    steps (this module's docstring). Other algorithms are refused (`NOT_AUDITABLE` says
+    and a run of any algorithm in `loop_auditable()` at the record level through its DP-SGD
+    steps (this module's docstring). Other algorithms are refused (`not_auditable()` says
     why for the private ones).
 
     Args:
@@ -240,7 +239,7 @@ def audit(
     if run_dir is not None:
         check_run_dir_free(run_dir)
     check_callbacks_keep_files(cfg, (), run_dir_kept=run_dir is not None)
-    if cfg.experiment.algorithm.name in NOT_AUDITABLE:  # refused before loading any data
+    if cfg.experiment.algorithm.name in not_auditable():  # refused before loading any data
         _refuse(cfg.experiment.algorithm.name)
     base = build_experiment(cfg)
     unit = _unit_of(cfg, base)
@@ -361,10 +360,10 @@ def _unit_of(cfg: Config, exp: Experiment) -> str:
         raise ConfigError(
             "experiment.algorithm.name",
             f"{name!r} is not private: there is no epsilon to audit (auditable: "
-            f"{', '.join(AUDITABLE)})",
+            f"{', '.join(auditable())})",
         )
     kinds = {"dp_fedavg": DPFedAvg, "dp_fedavg_client": DPFedAvgClientLevel}
-    unit = AUDITABLE.get(name)
+    unit = auditable().get(name)
     exact = kinds.get(name)
     if unit is None or (exact is not None and type(exp.algorithm) is not exact):
         _refuse(name)
@@ -377,10 +376,11 @@ def _unit_of(cfg: Config, exp: Experiment) -> str:
 
 
 def _refuse(name: str) -> None:
-    why = f" ({NOT_AUDITABLE[name]})" if name in NOT_AUDITABLE else ""
+    refused = not_auditable()
+    why = f" ({refused[name]})" if name in refused else ""
     raise ConfigError(
         "experiment.algorithm.name",
-        f"the audit puts canaries into {', '.join(AUDITABLE)} runs, not {name!r}{why}",
+        f"the audit puts canaries into {', '.join(auditable())} runs, not {name!r}{why}",
     )
 
 
@@ -473,7 +473,7 @@ def _record_level_loop(
     mode: str,
     rng: np.random.Generator,
 ):
-    """Record level for the algorithms of the shared DP-SGD loop (`LOOP_AUDITABLE`).
+    """Record level for the algorithms of the shared DP-SGD loop (`loop_auditable()`).
 
     White-box: null-record gradient canaries (`canaries.LoopAudit`): every canary row is
     in its owner's data, in or out; the view is each DP-SGD step's noisy sum on the

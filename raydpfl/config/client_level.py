@@ -124,6 +124,7 @@ registry.register(
     "raydpfl.experiment.builders.client_level:build_ftrl",
     options=DPFTRLOptions,
     replace=True,
+    notes={"audit": "a client-level tree mechanism, not DP-FedAvg's Gaussian sum"},
 )
 
 registry.register(
@@ -132,4 +133,5 @@ registry.register(
     "raydpfl.experiment.builders.client_level:build",
     options=ClientLevelOptions,
     replace=True,
+    tags=("audit:client",),
 )

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -99,7 +99,10 @@ class Entry:
             {gamma: 5}``); several names may share one section.
         tags: Facts about the entry the core checks without knowing it by name: an
             algorithm or model tagged ``regression`` has an MSE loss (the only ones a
-            regression dataset may use).
+            regression dataset may use); an algorithm tagged ``audit:<how>`` is one
+            `raydpfl audit` puts canaries into.
+        notes: Facts in words, by topic (``notes["audit"]``: why the audit refuses a
+            private algorithm, named in the refusal).
     """
 
     kind: Kind
@@ -109,6 +112,7 @@ class Entry:
     builtin: bool = False
     section: str | None = None
     tags: frozenset[str] = frozenset()
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def load(self) -> Any:
         """The target object, importing a ``"module:attr"`` target."""
@@ -141,6 +145,7 @@ def register(
     replace: bool = False,
     section: str | None = None,
     tags: tuple[str, ...] | frozenset[str] = (),
+    notes: Mapping[str, str] | None = None,
 ) -> Entry:
     """Registers `target` as `name` of `kind`; returns the entry (fields: `Entry`).
 
@@ -167,7 +172,9 @@ def register(
             f"{kind} {name!r} is already registered (to {_describe(existing.target)}); "
             "pick another name or pass replace=True"
         )
-    entry = Entry(kind, name, target, options, builtin, section, frozenset(tags))
+    entry = Entry(
+        kind, name, target, options, builtin, section, frozenset(tags), dict(notes or {})
+    )
     _ENTRIES[kind][name] = entry
     return entry
 

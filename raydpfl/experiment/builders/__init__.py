@@ -17,6 +17,11 @@ from raydpfl.config.schema import CORE_ALGORITHMS
 #: papers register their own names through the ``raydpfl.plugins`` entry points.
 _BUILDERS = {"raydpfl.experiment.builders.core": CORE_ALGORITHMS}
 
+#: Facts each core name declares (`raydpfl.registry.Entry.tags`).
+_TAGS = {"dp_fedavg": ("audit:dp_fedavg",)}
+
 for _module, _names in _BUILDERS.items():
     for _name in _names:
-        registry.register("algorithm", _name, f"{_module}:build", builtin=True)
+        registry.register(
+            "algorithm", _name, f"{_module}:build", builtin=True, tags=_TAGS.get(_name, ())
+        )

@@ -11,9 +11,32 @@ def register() -> None:
     # import order (the registry calls this while `raydpfl.config` may be loading).
     from raydpfl.papers.ali_dpfl.options import AdapDpFlConfig, AliDpflConfig, PeDpflConfig
 
+    loop = ("audit:dp_sgd_loop",)  # the shared DP-SGD loop: the audit's record canaries
     for name in ("ali_dpfl", "dp_fedavg_fixed_tau"):  # the fixed-τ baseline reads R_c's too
         registry.register(
-            "algorithm", name, _BUILD, options=AliDpflConfig, builtin=True, section="ali_dpfl"
+            "algorithm",
+            name,
+            _BUILD,
+            options=AliDpflConfig,
+            builtin=True,
+            section="ali_dpfl",
+            tags=loop,
         )
-    for name, options in (("pe_dpfl", PeDpflConfig), ("adap_dp_fl", AdapDpFlConfig)):
-        registry.register("algorithm", name, _BUILD, options=options, builtin=True, section=name)
+    registry.register(
+        "algorithm",
+        "pe_dpfl",
+        _BUILD,
+        options=PeDpflConfig,
+        builtin=True,
+        section="pe_dpfl",
+        notes={"audit": "it perturbs the output of non-private local training, not DP-SGD steps"},
+    )
+    registry.register(
+        "algorithm",
+        "adap_dp_fl",
+        _BUILD,
+        options=AdapDpFlConfig,
+        builtin=True,
+        section="adap_dp_fl",
+        tags=loop,
+    )

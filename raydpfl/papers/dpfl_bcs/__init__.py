@@ -3,6 +3,9 @@ baselines: see README.md here."""
 
 from raydpfl import registry
 
+#: Why the audit refuses every private algorithm here.
+_NOT_AUDITED = "its full-batch noisy step (Laplace or Gaussian) is not the DP-SGD loop"
+
 
 def register() -> None:
     """Registers DPFL-BCS's algorithms and models (the ``raydpfl.plugins`` entry point
@@ -26,6 +29,7 @@ def register() -> None:
             builtin=True,
             section="dpfl_bcs",
             tags=(REGRESSION_TAG,),
+            notes=None if name == "bcs_fedsgd" else {"audit": _NOT_AUDITED},
         )
     for name in MODEL_NAMES:
         registry.register(

@@ -12,7 +12,7 @@ def register() -> None:
     # Imported here: the package itself stays importable from anywhere in raydpfl's own
     # import order (the registry calls this while `raydpfl.config` may be loading).
     from raydpfl.config.schema import SERVER_OPTIMIZER_TAG
-    from raydpfl.papers.fedfdp.options import NAMES, FedFdpConfig
+    from raydpfl.papers.fedfdp.options import NAMES, PRIVATE_NAMES, FedFdpConfig
 
     for name in NAMES:
         registry.register(
@@ -22,5 +22,7 @@ def register() -> None:
             options=FedFdpConfig,
             builtin=True,
             section="fedfdp",
-            tags=(SERVER_OPTIMIZER_TAG,) if name in _SERVER_OPTIMIZER else (),
+            tags=((SERVER_OPTIMIZER_TAG,) if name in _SERVER_OPTIMIZER else ())
+            # Every private one runs the shared DP-SGD loop: the audit's record canaries.
+            + (("audit:dp_sgd_loop",) if name in PRIVATE_NAMES else ()),
         )

@@ -3,6 +3,12 @@ see README.md here."""
 
 from raydpfl import registry
 
+#: Why the audit refuses these (the others run the shared DP-SGD loop, GMM stage included).
+_NOT_AUDITED = {
+    "mr_mtl": "its fused DP-SGD update never hands the noisy sum to the clipping engine",
+    "f_cdpfl": "its initial cluster models are built before the audit's probe is added",
+}
+
 
 def register() -> None:
     """Registers RC-DPFL's algorithms and models (the ``raydpfl.plugins`` entry point
@@ -19,6 +25,8 @@ def register() -> None:
             options=RcDpflConfig,
             builtin=True,
             section="rc_dpfl",
+            tags=("audit:dp_sgd_loop",) if name not in _NOT_AUDITED else (),
+            notes={"audit": _NOT_AUDITED[name]} if name in _NOT_AUDITED else None,
         )
     for name in MODEL_NAMES:
         registry.register("model", name, f"raydpfl.papers.rc_dpfl.models:{name}", builtin=True)
