@@ -27,7 +27,7 @@ from raydpfl.callbacks import (
 )
 from raydpfl.config.load import dump_config, load_config
 from raydpfl.config.resume import check_resume_config, flatten
-from raydpfl.config.schema import BUILTIN_DATASETS, Config, ConfigError, DataConfig
+from raydpfl.config.schema import BUILTIN_DATASETS, Config, ConfigError, DataConfig, PrivacyConfig
 from raydpfl.data.cluster_shift import ClusteredDataset, make_cluster_shift
 from raydpfl.data.datasets import find_dataset_files, load_dataset
 from raydpfl.data.federated import FederatedDataset, federate, synthetic_federated
@@ -89,6 +89,46 @@ def build_experiment(
             f"{int((sizes == 0).sum())} client(s) got no training records; "
             "use fewer clients or a smaller client_test_fraction",
         )
+    spec, net = _initial_model(config, dataset, model)
+    init_params = {n: p.detach().clone() for n, p in net.named_parameters()}
+
+    metadata: dict[str, Any] = {
+        "experiment": exp.name,
+        "algorithm": exp.algorithm.name if algorithm is None else algorithm.name,
+        "dataset": exp.data.dataset if dataset is None else dataset.name,
+        "num_clients": dataset.num_clients,
+        "seed": rt.seed,
+        "backend": rt.backend,
+        "workers": rt.workers if rt.backend == "ray" else 1,
+    }
+    if algorithm is None:
+        algorithm, ledger, privacy = build_registered_algorithm(config, dataset, net)
+    else:
+        ledger, privacy = ledger_for(algorithm, config.experiment.privacy, sizes)
+    noise = _checked_noise_source(config)
+    apply_noise_mode(algorithm, privacy, noise.secure_noise, noise.noise_sampler)
+    metadata["privacy"] = privacy
+    extra = _unaccounted_data_releases(config)
+    return Experiment(
+        config=config,
+        dataset=dataset,
+        algorithm=algorithm,
+        ledger=ledger,
+        model_spec=spec,
+        init_params=init_params,
+        device=device,
+        metadata=metadata,
+        extra_unaccounted=extra,
+    )
+
+
+def _initial_model(
+    config: Config,
+    dataset: FederatedDataset,
+    model: Callable[[], torch.nn.Module] | None,
+) -> tuple[ModelSpec, torch.nn.Module]:
+    """The model's spec (what workers rebuild) and θ^init on the run's "init" stream."""
+    exp, rt = config.experiment, config.runtime
     model_options = {"hidden": exp.model.hidden} if exp.model.name == "mlp" else {}
     if model is None:  # a registered (not built-in) model travels as its factory
         model = registered_model_factory(
@@ -111,21 +151,12 @@ def build_experiment(
     except (ValueError, TypeError) as e:
         field_name = "experiment.model.name" if model is None else "model"
         raise ConfigError(field_name, str(e).removeprefix("model: ")) from None
-    init_params = {n: p.detach().clone() for n, p in net.named_parameters()}
+    return spec, net
 
-    metadata: dict[str, Any] = {
-        "experiment": exp.name,
-        "algorithm": exp.algorithm.name if algorithm is None else algorithm.name,
-        "dataset": exp.data.dataset if dataset is None else dataset.name,
-        "num_clients": dataset.num_clients,
-        "seed": rt.seed,
-        "backend": rt.backend,
-        "workers": rt.workers if rt.backend == "ray" else 1,
-    }
-    if algorithm is None:
-        algorithm, ledger, privacy = build_registered_algorithm(config, dataset, net)
-    else:
-        ledger, privacy = ledger_for(algorithm, config.experiment.privacy, sizes)
+
+def _checked_noise_source(config: Config) -> PrivacyConfig:
+    """``experiment.privacy`` after refusing a CPU-only noise sampler on a GPU run."""
+    rt = config.runtime
     noise = config.experiment.privacy
     if noise.noise_sampler != "torch" and (
         rt.device == "cuda" or (rt.device == "auto" and torch.cuda.is_available())
@@ -135,9 +166,13 @@ def build_experiment(
             f"{noise.noise_sampler} samples on the CPU; runtime.device is {rt.device!r} "
             "(use cpu, or noise_sampler torch)",
         )
-    apply_noise_mode(algorithm, privacy, noise.secure_noise, noise.noise_sampler)
-    metadata["privacy"] = privacy
-    extra = []
+    return noise
+
+
+def _unaccounted_data_releases(config: Config) -> list[str]:
+    """Evaluation outputs on held-out client records the run releases outside the ledger."""
+    exp = config.experiment
+    extra: list[str] = []
     if exp.data.client_test_fraction > 0 and exp.algorithm.evaluate_clients:
         extra.append(
             "client_test_metrics (per-client test loss/accuracy on held-out client records)"
@@ -151,17 +186,7 @@ def build_experiment(
             "central_test_metrics (the central test set is the union of the clients' "
             "held-out records)"
         )
-    return Experiment(
-        config=config,
-        dataset=dataset,
-        algorithm=algorithm,
-        ledger=ledger,
-        model_spec=spec,
-        init_params=init_params,
-        device=device,
-        metadata=metadata,
-        extra_unaccounted=extra,
-    )
+    return extra
 
 
 #: What `preflight` cannot check without loading the data (`raydpfl validate` says so).
