@@ -74,7 +74,14 @@ class PrivacyPlan:
         )
 
     def ledger(self) -> PrivacyLedger:
-        """A fresh ledger with the plan's accountant, δ and budgets."""
+        """A fresh per-client ledger with the plan's accountant, δ and budgets.
+
+        Raises:
+            ValueError: A client-level plan (its ledger is the population's
+                `raydpfl.privacy.client_level.ClientLevelLedger`).
+        """
+        if self.unit != "record":
+            raise ValueError("a client-level plan's ledger is the population's ClientLevelLedger")
         return PrivacyLedger(
             self.accountant, self.delta, self.epsilon, client_budgets=self.client_budgets
         )

@@ -110,3 +110,20 @@ def test_a_plan_without_a_fixed_sigma_is_refused_where_the_budget_sets_the_steps
     config = _config({"name": "ali_dpfl"}, {"noise_multiplier": None})
     with pytest.raises(ConfigError, match="fixed sigma"):
         ali_plan(config, SIZES)
+
+
+def test_the_client_level_builders_take_sigma_and_s_from_one_client_level_plan():
+    from raydpfl.config import client_level  # noqa: F401  (registers dp_fedavg_client)
+    from raydpfl.experiment.build import build_experiment
+
+    config = small_config(
+        experiment__algorithm__name="dp_fedavg_client",
+        experiment__algorithm__options={"update_clip_norm": 0.7},
+        experiment__privacy__noise_multiplier=None,
+        experiment__privacy__delta=1e-3,
+    )
+    exp = build_experiment(config)
+    assert exp.algorithm.noise_calibrated and exp.algorithm.clip_norm == 0.7
+    plan = PrivacyPlan(unit="client", accountant="rdp", delta=1e-3, epsilon=1.0)
+    with pytest.raises(ValueError, match="ClientLevelLedger"):
+        plan.ledger()

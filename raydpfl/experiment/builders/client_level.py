@@ -26,6 +26,7 @@ from raydpfl.privacy.client_level import (
     check_client_level_accountant,
     client_level_noise_multiplier,
 )
+from raydpfl.privacy.plan import PrivacyPlan
 
 
 def build(context: Any) -> DPFedAvgClientLevel:
@@ -60,18 +61,7 @@ def build(context: Any) -> DPFedAvgClientLevel:
     except ValueError as e:
         raise ConfigError("experiment.privacy.accountant", str(e)) from None
     check_population_delta(privacy.delta, n)
-    template = ClientLevelCost(0.0, opts.sampling, n, q, k, 1)
-    sigma = privacy.noise_multiplier
-    calibrated = sigma is None
-    if sigma is None:
-        try:
-            sigma = client_level_noise_multiplier(
-                privacy.epsilon, privacy.delta, template, algo.rounds, privacy.accountant
-            )
-        except ValueError as e:
-            raise ConfigError(
-                "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
-            ) from None
+    plan = plan_client_level(context, ClientLevelCost(0.0, opts.sampling, n, q, k, 1), clip)
     try:
         algorithm = DPFedAvgClientLevel(
             num_clients=n,
@@ -81,8 +71,8 @@ def build(context: Any) -> DPFedAvgClientLevel:
             local_steps=algo.local_steps,
             lr=algo.lr,
             batch_size=algo.batch_size,
-            clip_norm=clip,
-            noise_multiplier=sigma,
+            clip_norm=plan.clip_norm,
+            noise_multiplier=plan.noise_multiplier,
             clipping=opts.clipping,
             noise=opts.noise,
             seed=rt.seed,
@@ -99,7 +89,7 @@ def build(context: Any) -> DPFedAvgClientLevel:
     except ValueError as e:
         field = where + (".clip_count_stddev" if "clip_count_stddev" in str(e) else "")
         raise ConfigError(field, str(e)) from None
-    algorithm.noise_calibrated = calibrated
+    algorithm.noise_calibrated = plan.noise_calibrated
     return algorithm
 
 
@@ -122,18 +112,7 @@ def build_ftrl(context: Any) -> DPFTRLClientLevel:
     except ValueError as e:
         raise ConfigError("experiment.privacy.accountant", str(e)) from None
     check_population_delta(privacy.delta, n)
-    template = ClientLevelCost(0.0, "tree", n, None, k, 1, n // k)
-    sigma = privacy.noise_multiplier
-    calibrated = sigma is None
-    if sigma is None:
-        try:
-            sigma = client_level_noise_multiplier(
-                privacy.epsilon, privacy.delta, template, algo.rounds, privacy.accountant
-            )
-        except ValueError as e:
-            raise ConfigError(
-                "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
-            ) from None
+    plan = plan_client_level(context, ClientLevelCost(0.0, "tree", n, None, k, 1, n // k), clip)
     try:
         algorithm = DPFTRLClientLevel(
             num_clients=n,
@@ -142,16 +121,45 @@ def build_ftrl(context: Any) -> DPFTRLClientLevel:
             local_steps=algo.local_steps,
             lr=algo.lr,
             batch_size=algo.batch_size,
-            clip_norm=clip,
-            noise_multiplier=sigma,
+            clip_norm=plan.clip_norm,
+            noise_multiplier=plan.noise_multiplier,
             server_lr=opts.server_lr,
             clipping=opts.clipping,
             seed=rt.seed,
         )
     except ValueError as e:
         raise ConfigError("experiment.algorithm.options", str(e)) from None
-    algorithm.noise_calibrated = calibrated
+    algorithm.noise_calibrated = plan.noise_calibrated
     return algorithm
+
+
+def plan_client_level(context: Any, template: ClientLevelCost, clip: float) -> PrivacyPlan:
+    """The client-level plan: S (`clip`), σ (given, or calibrated so that the run's rounds
+    of `template`'s mechanism spend the population's ε) and the client sampling rate."""
+    exp = context.config.experiment
+    privacy, rounds = exp.privacy, exp.algorithm.rounds
+    sigma = privacy.noise_multiplier
+    if sigma is None:
+        try:
+            sigma = client_level_noise_multiplier(
+                privacy.epsilon, privacy.delta, template, rounds, privacy.accountant
+            )
+        except ValueError as e:
+            raise ConfigError(
+                "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
+            ) from None
+    return PrivacyPlan(
+        unit="client",
+        accountant=privacy.accountant,
+        delta=privacy.delta,
+        epsilon=privacy.epsilon,
+        clip_norm=clip,
+        noise_multiplier=sigma,
+        sampling_rate=template.sampling_rate,
+        noise_calibrated=privacy.noise_multiplier is None,
+        step_budget=rounds,
+        step_unit="rounds",
+    )
 
 
 def check_population_delta(delta: float, population: int) -> None:
