@@ -407,8 +407,26 @@ class Algorithm(abc.ABC):
 
         Each task declares its privacy cost like a training task and is charged before
         dispatch; a follow-up without a cost must be named in `unaccounted_releases`.
+
+        The default: when `followups_due` says the round has follow-ups, one task for the
+        client of each result, in the results' order (`followup_task`); none otherwise.
         """
-        return []
+        if not self.followups_due(round_idx, results, new_params):
+            return []
+        return [self.followup_task(round_idx, r) for r in results]
+
+    def followups_due(
+        self, round_idx: int, results: Sequence[ClientResult], new_params: Params
+    ) -> bool:
+        """Whether this round sends every reporting client a follow-up (`followup_task`);
+        an override may record here what the tasks need (the new parameters, their
+        charge in a schedule). The default: no follow-ups."""
+        return False
+
+    def followup_task(self, round_idx: int, result: ClientResult) -> ClientTask:
+        """The follow-up task of the client that reported `result`, in a round that
+        `followups_due` gave follow-ups."""
+        raise NotImplementedError(f"{type(self).__name__} plans no follow-up tasks")
 
     def after_round(
         self,
@@ -530,6 +548,16 @@ AUDIT_TAGS = {
     "audit:dp_sgd_loop": "record",
     "audit:client": "client",
 }
+
+
+class UniformCohortAlgorithm(Algorithm):
+    """An algorithm whose cohort is `clients_per_round` clients drawn uniformly without
+    replacement every round (`uniform_cohort`); subclasses set `clients_per_round`."""
+
+    clients_per_round: int
+
+    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
+        return uniform_cohort(num_clients, self.clients_per_round, rng)
 
 
 def server_stream(seed: int, round_idx: int, purpose: str) -> np.random.Generator:

@@ -167,8 +167,123 @@ def noise_generator(
     return round_noise_generator(seed, round_idx, secure, purpose)
 
 
-# ---- the algorithm ---------------------------------------------------------------------------
-class DPFedAvgClientLevel(Algorithm):
+# ---- the algorithms ----------------------------------------------------------------------------
+class ClientLevelAlgorithm(Algorithm):
+    """What client-level DP-FedAvg and DP-FTRL share (privacy unit: one client).
+
+    A public population of N clients; each chosen client runs τ non-private SGD steps of
+    minibatch B at rate η (FedAvg's client) and uploads its update Δ clipped to S (flat
+    or per layer, `upload`) with weight 1; the round's population-level charge is the
+    event of the mechanisms the server half declares (`round_mechanisms`).
+
+    Subclasses set the population and the cohort (`select`, which starts with
+    `_start_round`), the round's mechanisms and the noisy aggregate (`aggregate_sum`).
+    """
+
+    is_private = True
+    linear_aggregation = True
+    privacy_unit: ClassVar[str] = "client"
+    #: Whether each result reports b_k = [‖Δ‖ ≤ S] (``update_within_clip``).
+    reports_within_clip: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        num_clients: int,
+        local_steps: int,
+        lr: float,
+        batch_size: int,
+        clip_norm: float,
+        noise_multiplier: float,
+        clipping: str,
+        seed: int,
+    ) -> None:
+        if not clip_norm > 0:
+            raise ValueError(f"clip_norm (S) must be > 0, got {clip_norm}")
+        if clipping not in ("flat", "per_layer"):
+            raise ValueError(f"clipping must be flat or per_layer, got {clipping!r}")
+        self.num_clients = int(num_clients)
+        self.local_steps = local_steps
+        self.lr = lr
+        self.batch_size = batch_size
+        self.clip_norm = float(clip_norm)
+        self.noise_multiplier = float(noise_multiplier)
+        self.clipping = clipping
+        self.seed = int(seed)
+        self.noise_calibrated = False  # set by the builder when σ came from the budget
+        self._round = 0
+
+    # ---- server half -----------------------------------------------------------------------
+    def round_privacy_cost(self, round_idx: int) -> ClientLevelCost | None:
+        """The round's population-level charge, made before dispatch: the event of the
+        round's declared mechanisms (DP-FedAvg: one round of the subsampled Gaussian;
+        DP-FTRL: the whole epoch's tree before its first round, a shorter last tree for
+        its own rounds, None on the epoch's other rounds)."""
+        return population_charge(self.round_mechanisms(round_idx))
+
+    def _start_round(self, round_idx: int, num_clients: int) -> None:
+        """Checks the run's population against N and records the round being selected."""
+        if num_clients != self.num_clients:
+            raise ValueError(f"built for {self.num_clients} clients, the run has {num_clients}")
+        self._round = round_idx
+
+    def task_fields(self) -> dict[str, Any]:
+        """This round's `ClientTask` fields beyond client, round, τ, η and B (the same for
+        every client of the round)."""
+        return {}
+
+    def plan(
+        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
+    ) -> list[ClientTask]:
+        self._round = round_idx
+        fields = self.task_fields()
+        return [
+            ClientTask(
+                client_id=c,
+                round_idx=round_idx,
+                local_steps=self.local_steps,
+                lr=self.lr,
+                batch_size=self.batch_size,
+                **fields,
+            )
+            for c in cohort
+        ]
+
+    # ---- client half -----------------------------------------------------------------------
+    def upload(
+        self, ctx: ClientContext, task: ClientTask, update: Params
+    ) -> tuple[Params, float, float]:
+        """What the client sends from its update Δ: Δ clipped to the round's S (the task's
+        ``update_clip_norm`` where it carries one, else `clip_norm`), flat or per layer.
+        Returns (the upload, ‖Δ‖, S)."""
+        norm = update_norm(update)
+        clip = float(task.extras.get("update_clip_norm", self.clip_norm))
+        return clip_update(update, clip, self.clipping == "per_layer"), norm, clip
+
+    def local_update(
+        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
+    ) -> ClientResult:
+        """τ non-private SGD steps (FedAvg's client), then the upload (`upload`)."""
+        trained = FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
+        update, norm, clip = self.upload(ctx, task, trained.update)
+        metrics = {
+            "train_loss": trained.metrics.get("train_loss", float("nan")),
+            "update_norm": norm,
+            "update_clipped": float(norm > clip),
+        }
+        if self.reports_within_clip:
+            # b_k of adaptive clipping: summed (exactly: 0/1 floats) with the updates;
+            # only its noisy sum is used (its mean in rounds.parquet is a diagnostic).
+            metrics["update_within_clip"] = float(norm <= clip)
+        return ClientResult(
+            client_id=task.client_id,
+            update=update,
+            weight=1.0,
+            num_examples=trained.num_examples,
+            metrics=metrics,
+        )
+
+
+class DPFedAvgClientLevel(ClientLevelAlgorithm):
     """Client-level DP-FedAvg (see the module docstring).
 
     Args:
@@ -190,9 +305,7 @@ class DPFedAvgClientLevel(Algorithm):
     """
 
     name = "dp_fedavg_client"
-    is_private = True
-    linear_aggregation = True
-    privacy_unit: ClassVar[str] = "client"
+    reports_within_clip = True
 
     def __init__(
         self,
@@ -219,10 +332,9 @@ class DPFedAvgClientLevel(Algorithm):
         server_beta2: float = 0.99,
         server_adam_eps: float = 1e-3,
     ) -> None:
-        if not clip_norm > 0:
-            raise ValueError(f"clip_norm (S) must be > 0, got {clip_norm}")
-        if clipping not in ("flat", "per_layer"):
-            raise ValueError(f"clipping must be flat or per_layer, got {clipping!r}")
+        super().__init__(
+            num_clients, local_steps, lr, batch_size, clip_norm, noise_multiplier, clipping, seed
+        )
         if noise not in ("central", "distributed"):
             raise ValueError(f"noise must be central or distributed, got {noise!r}")
         if noise == "distributed" and sampling != "fixed":
@@ -231,20 +343,10 @@ class DPFedAvgClientLevel(Algorithm):
         self.cost = ClientLevelCost(
             noise_multiplier, sampling, num_clients, sampling_rate, cohort_size, 1
         )
-        self.num_clients = num_clients
         self.sampling = sampling
         self.sampling_rate = sampling_rate
         self.cohort_size = cohort_size
-        self.local_steps = local_steps
-        self.lr = lr
-        self.batch_size = batch_size
-        self.clip_norm = float(clip_norm)
-        self.noise_multiplier = float(noise_multiplier)
-        self.clipping = clipping
         self.noise = noise
-        self.seed = int(seed)
-        self.noise_calibrated = False  # set by the builder when σ came from the budget
-        self._round = 0
         # settings checked, state (m, v) kept and checkpointed by the shared optimizer
         self._server_opt = ServerOptimizer(
             server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
@@ -302,17 +404,8 @@ class DPFedAvgClientLevel(Algorithm):
         """What the server half draws in the round: one invocation of its mechanism."""
         return (uses(self.round_mechanism(), 1),)
 
-    def round_privacy_cost(self, round_idx: int) -> ClientLevelCost:
-        """One round of the subsampled Gaussian over the population, charged before
-        dispatch: the event of the round's declared mechanism."""
-        cost = population_charge(self.round_mechanisms(round_idx))
-        assert cost is not None
-        return cost
-
     def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        if num_clients != self.num_clients:
-            raise ValueError(f"built for {self.num_clients} clients, the run has {num_clients}")
-        self._round = round_idx
+        self._start_round(round_idx, num_clients)
         secure = bool(getattr(self, "secure_noise", False))
         if self.sampling == "poisson":
             assert self.sampling_rate is not None
@@ -324,29 +417,15 @@ class DPFedAvgClientLevel(Algorithm):
             return sorted(int(c) for c in np.argsort(u, kind="stable")[: self.cohort_size])
         return uniform_cohort(num_clients, self.cohort_size, rng)
 
-    def plan(
-        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
-    ) -> list[ClientTask]:
-        self._round = round_idx
+    def task_fields(self) -> dict[str, Any]:
         mechanism = self.round_mechanism()
         # distributed: each client draws its share of the round's noise
         shares = (
             (uses(mechanism.share, 1),) if isinstance(mechanism, DistributedGaussianSum) else ()
         )
-        return [
-            ClientTask(
-                client_id=c,
-                round_idx=round_idx,
-                local_steps=self.local_steps,
-                lr=self.lr,
-                batch_size=self.batch_size,
-                mechanisms=shares,
-                # S_t: the round's bound (it moves with adaptive clipping); the task carries
-                # it because the workers' copy of this object is the one built at start.
-                extras={"update_clip_norm": self.current_clip_norm},
-            )
-            for c in cohort
-        ]
+        # S_t: the round's bound (it moves with adaptive clipping); the task carries it
+        # because the workers' copy of this object is the one built at start.
+        return {"mechanisms": shares, "extras": {"update_clip_norm": self.current_clip_norm}}
 
     def aggregate_sum(
         self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
@@ -426,34 +505,9 @@ class DPFedAvgClientLevel(Algorithm):
     def upload(
         self, ctx: ClientContext, task: ClientTask, update: Params
     ) -> tuple[Params, float, float]:
-        """What the client sends from its update Δ: Δ clipped to the round's S (flat or per
-        layer) and, distributed, plus its declared share N(0, σ²S²/K) from its own stream.
-        Returns (the upload, ‖Δ‖, S)."""
-        norm = update_norm(update)
-        clip = float(task.extras.get("update_clip_norm", self.clip_norm))
-        out = clip_update(update, clip, self.clipping == "per_layer")
+        """Δ clipped to the round's S (`ClientLevelAlgorithm.upload`) and, distributed,
+        plus the client's declared share N(0, σ²S²/K) from its own stream."""
+        out, norm, clip = super().upload(ctx, task, update)
         if self.noise == "distributed":  # the declared share, from the client's stream
             out = privacy_session(ctx, task).get(GaussianShare).add(out)
         return out, norm, clip
-
-    def local_update(
-        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
-    ) -> ClientResult:
-        """τ non-private SGD steps (FedAvg's client), then clip Δ to S (and, distributed,
-        add this client's N(0, σ²S²/K) share from its own stream)."""
-        trained = FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
-        update, norm, clip = self.upload(ctx, task, trained.update)
-        return ClientResult(
-            client_id=task.client_id,
-            update=update,
-            weight=1.0,
-            num_examples=trained.num_examples,
-            metrics={
-                "train_loss": trained.metrics.get("train_loss", float("nan")),
-                "update_norm": norm,
-                "update_clipped": float(norm > clip),
-                # b_k of adaptive clipping: summed (exactly: 0/1 floats) with the updates;
-                # only its noisy sum is used (its mean in rounds.parquet is a diagnostic).
-                "update_within_clip": float(norm <= clip),
-            },
-        )

@@ -36,22 +36,17 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
 from raydpfl.algorithms.base import (
-    Algorithm,
-    ClientContext,
-    ClientData,
-    ClientResult,
     ClientTask,
     Params,
     WeightedUpdateSum,
 )
-from raydpfl.algorithms.dp_fedavg_client import clip_update, update_norm
-from raydpfl.algorithms.fedavg import FedAvg
+from raydpfl.algorithms.dp_fedavg_client import ClientLevelAlgorithm
 from raydpfl.algorithms.tensor_state import (
     pack_client_tensors,
     pack_tensors,
@@ -102,7 +97,7 @@ def node_generator(seed: int, epoch: int, node: tuple[int, int], secure: bool) -
 
 
 # ---- the algorithm ---------------------------------------------------------------------------
-class DPFTRLClientLevel(Algorithm):
+class DPFTRLClientLevel(ClientLevelAlgorithm):
     """Client-level DP-FTRL with tree restarts every epoch (see the module docstring).
 
     Args:
@@ -118,9 +113,6 @@ class DPFTRLClientLevel(Algorithm):
     """
 
     name = "dp_ftrl_client"
-    is_private = True
-    linear_aggregation = True
-    privacy_unit: ClassVar[str] = "client"
 
     def __init__(
         self,
@@ -137,17 +129,15 @@ class DPFTRLClientLevel(Algorithm):
         clipping: str = "flat",
         seed: int = 0,
     ) -> None:
-        if not clip_norm > 0:
-            raise ValueError(f"clip_norm (S) must be > 0, got {clip_norm}")
-        if clipping not in ("flat", "per_layer"):
-            raise ValueError(f"clipping must be flat or per_layer, got {clipping!r}")
+        super().__init__(
+            num_clients, local_steps, lr, batch_size, clip_norm, noise_multiplier, clipping, seed
+        )
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         if not 1 <= cohort_size <= num_clients:
             raise ValueError(
                 f"cohort_size K={cohort_size} must be in [1, population {num_clients}]"
             )
-        self.num_clients = int(num_clients)
         self.cohort_size = int(cohort_size)
         self.tree_rounds = self.num_clients // self.cohort_size  # T, rounds per epoch
         self.rounds = int(rounds)
@@ -156,16 +146,7 @@ class DPFTRLClientLevel(Algorithm):
         self.cost = ClientLevelCost(
             noise_multiplier, "tree", num_clients, None, cohort_size, 1, self.tree_rounds
         )
-        self.local_steps = local_steps
-        self.lr = lr
-        self.batch_size = batch_size
-        self.clip_norm = float(clip_norm)
-        self.noise_multiplier = float(noise_multiplier)
         self.server_lr = float(server_lr)
-        self.clipping = clipping
-        self.seed = int(seed)
-        self.noise_calibrated = False
-        self._round = 0
         # Server state within an epoch (checkpointed): the model at the epoch's start, the
         # clean sum of the rounds so far, and the noise of the nodes still in use (one per
         # level at most: those of `prefix_nodes(t)`).
@@ -201,35 +182,12 @@ class DPFTRLClientLevel(Algorithm):
         """Every round draws one node of its epoch's tree."""
         return (uses(self.round_mechanism(round_idx), 1),)
 
-    def round_privacy_cost(self, round_idx: int) -> ClientLevelCost | None:
-        """The whole epoch's tree, charged before its first round (a shorter last tree
-        is charged for its own rounds); nothing on the epoch's other rounds: the event of
-        the round's declared mechanism."""
-        return population_charge(self.round_mechanisms(round_idx))
-
     def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        if num_clients != self.num_clients:
-            raise ValueError(f"built for {self.num_clients} clients, the run has {num_clients}")
-        self._round = round_idx
+        self._start_round(round_idx, num_clients)
         epoch, t = self._position(round_idx)
         order = epoch_order(self.seed, epoch, num_clients)
         k = self.cohort_size
         return sorted(int(c) for c in order[(t - 1) * k : t * k])
-
-    def plan(
-        self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
-    ) -> list[ClientTask]:
-        self._round = round_idx
-        return [
-            ClientTask(
-                client_id=c,
-                round_idx=round_idx,
-                local_steps=self.local_steps,
-                lr=self.lr,
-                batch_size=self.batch_size,
-            )
-            for c in cohort
-        ]
 
     def aggregate_sum(
         self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
@@ -292,23 +250,3 @@ class DPFTRLClientLevel(Algorithm):
                 f"checkpointed tree nodes {sorted(self._nodes)} do not match the state's "
                 f"levels {sorted(expected)}"
             )
-
-    # ---- client half -----------------------------------------------------------------------
-    def local_update(
-        self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
-    ) -> ClientResult:
-        """τ non-private SGD steps (FedAvg's client), then clip Δ to S."""
-        trained = FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
-        norm = update_norm(trained.update)
-        update = clip_update(trained.update, self.clip_norm, self.clipping == "per_layer")
-        return ClientResult(
-            client_id=task.client_id,
-            update=update,
-            weight=1.0,
-            num_examples=trained.num_examples,
-            metrics={
-                "train_loss": trained.metrics.get("train_loss", float("nan")),
-                "update_norm": norm,
-                "update_clipped": float(norm > self.clip_norm),
-            },
-        )

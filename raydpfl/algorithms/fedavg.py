@@ -22,19 +22,18 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from raydpfl.algorithms.base import (
-    Algorithm,
     ClientContext,
     ClientData,
     ClientResult,
     ClientTask,
     Params,
+    UniformCohortAlgorithm,
     trained_result,
-    uniform_cohort,
 )
 from raydpfl.algorithms.server_optimizers import ServerOptimizerMixin
 
 
-class CohortAveraging(ServerOptimizerMixin, Algorithm):
+class CohortAveraging(ServerOptimizerMixin, UniformCohortAlgorithm):
     """The server half FedAvg and DP-FedAvg share: a uniform cohort of
     `clients_per_round` clients, each running `local_steps` local steps at `lr` from the
     global model, and the weighted mean update applied by the server optimizer.
@@ -65,9 +64,6 @@ class CohortAveraging(ServerOptimizerMixin, Algorithm):
         self._set_server_optimizer(
             server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
         )
-
-    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        return uniform_cohort(num_clients, self.clients_per_round, rng)
 
     def task_fields(self) -> dict[str, Any]:
         """This round's `ClientTask` fields beyond client, round, steps and lr (the same

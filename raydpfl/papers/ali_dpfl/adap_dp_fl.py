@@ -80,15 +80,13 @@ from typing import Any, Literal
 import numpy as np
 
 from raydpfl.algorithms.base import (
-    Algorithm,
     ClientContext,
     ClientData,
     ClientResult,
     ClientTask,
     Params,
-    WeightedUpdateSum,
+    UniformCohortAlgorithm,
     trained_result,
-    uniform_cohort,
 )
 from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update, noisy_loss_query
 from raydpfl.privacy.accountants import (
@@ -158,7 +156,7 @@ def loss_decreased(losses: Sequence[float], patience: int) -> bool:
     return all(b < a for a, b in itertools.pairwise(losses[-(patience + 1) :]))
 
 
-class AdapDpFl(Algorithm):
+class AdapDpFl(UniformCohortAlgorithm):
     """Adap DP-FL (see the module docstring for what is the paper's and what is assumed).
 
     Args:
@@ -323,9 +321,6 @@ class AdapDpFl(Algorithm):
             )
         return None
 
-    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        return uniform_cohort(num_clients, self.clients_per_round, rng)
-
     def plan(
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
     ) -> list[ClientTask]:
@@ -354,9 +349,8 @@ class AdapDpFl(Algorithm):
     def aggregate(
         self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
     ) -> Params:
-        acc = WeightedUpdateSum()
-        for r in results:
-            acc.add(r.update, r.weight, r.metrics)
+        new_params = super().aggregate(global_params, tasks, results)  # FedAvg's mean
+        # each client's C_k for its next round (no effect on this round's aggregate)
         by_client = {t.client_id: t for t in tasks}
         for r in results:
             task = by_client[r.client_id]
@@ -377,39 +371,42 @@ class AdapDpFl(Algorithm):
             )
             if new is not None:
                 self.clip_norms[r.client_id] = new
-        return self.aggregate_sum(global_params, tasks, acc)
+        return new_params
 
-    def followup_tasks(
-        self,
-        round_idx: int,
-        tasks: Sequence[ClientTask],
-        results: Sequence[ClientResult],
-        new_params: Params,
-    ) -> list[ClientTask]:
+    @property
+    def loss_query(self) -> SubsampledGaussian:
+        """The loss follow-up's sampled Gaussian query: q_ℓ, clip L, σ_ℓ."""
+        return SubsampledGaussian(
+            self.loss_noise_multiplier, self.loss_clip, self.loss_sampling_rate
+        )
+
+    def followups_due(
+        self, round_idx: int, results: Sequence[ClientResult], new_params: Params
+    ) -> bool:
+        """A noisy-loss follow-up per client (``loss_source="dp_followup"``) when it is
+        still of use; its charge then joins the every-round client's history."""
         if self.loss_source != "dp_followup" or not results:
-            return []
+            return False
         if self.rounds_done >= self.rounds_budget:
-            return []  # no round left to use σ in
+            return False  # no round left to use σ in
         loss_entry = self._loss_entry()
         # Only if one more round at the current σ (the cheapest next round) still fits.
         if self.epsilon_with([loss_entry, self._train_entry(self.sigma)]) > self.epsilon:
-            return []
+            return False
         self.history.append(loss_entry)
-        query = SubsampledGaussian(
-            self.loss_noise_multiplier, self.loss_clip, self.loss_sampling_rate
+        # the schedule's history is the charge
+        assert self.loss_query.cost(1).as_triple() == loss_entry
+        return True
+
+    def followup_task(self, round_idx: int, result: ClientResult) -> ClientTask:
+        return ClientTask(
+            client_id=result.client_id,
+            round_idx=round_idx,
+            local_steps=0,
+            lr=0.0,
+            mechanisms=(uses(self.loss_query, 1),),
+            kind=DP_LOSS,
         )
-        assert query.cost(1).as_triple() == loss_entry  # the schedule's history is the charge
-        return [
-            ClientTask(
-                client_id=r.client_id,
-                round_idx=round_idx,
-                local_steps=0,
-                lr=0.0,
-                mechanisms=(uses(query, 1),),
-                kind=DP_LOSS,
-            )
-            for r in results
-        ]
 
     def after_round(
         self,

@@ -45,14 +45,12 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from raydpfl.algorithms.base import (
-    Algorithm,
     ClientContext,
     ClientData,
     ClientResult,
     ClientTask,
     Params,
-    WeightedUpdateSum,
-    uniform_cohort,
+    UniformCohortAlgorithm,
 )
 from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
 from raydpfl.papers.ali_dpfl.theory import TAU_MAX, round_tau, tau_star
@@ -103,7 +101,7 @@ def displacement_norm(before: Params, after: Params) -> float:
     return math.sqrt(sum(float((after[n] - before[n]).double().pow(2).sum()) for n in after))
 
 
-class AliDpfl(Algorithm):
+class AliDpfl(UniformCohortAlgorithm):
     """ALI-DPFL (Algorithm 2 of the paper): DP-SGD clients, adaptive τ* on the server.
 
     Args:
@@ -243,9 +241,6 @@ class AliDpfl(Algorithm):
             return f"R_s exhausted ({self.rounds_done} rounds)"
         return None
 
-    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        return uniform_cohort(num_clients, self.clients_per_round, rng)
-
     def plan(
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
     ) -> list[ClientTask]:
@@ -273,10 +268,7 @@ class AliDpfl(Algorithm):
     def aggregate(
         self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
     ) -> Params:
-        acc = WeightedUpdateSum()
-        for r in results:
-            acc.add(r.update, r.weight, r.metrics)
-        new = self.aggregate_sum(global_params, tasks, acc)
+        new = super().aggregate(global_params, tasks, results)  # FedAvg's weighted mean
         if self.gamma_mode == "code_estimate":
             self._estimate_gamma(results)
         self._local_models, self._weights = {}, {}
@@ -301,29 +293,26 @@ class AliDpfl(Algorithm):
                 sum(r.weight * r.metrics["last_step_loss_change"] for r in reported) / total
             )
 
-    def followup_tasks(
-        self,
-        round_idx: int,
-        tasks: Sequence[ClientTask],
-        results: Sequence[ClientResult],
-        new_params: Params,
-    ) -> list[ClientTask]:
+    def followups_due(
+        self, round_idx: int, results: Sequence[ClientResult], new_params: Params
+    ) -> bool:
+        """A ``mu_stats`` follow-up per client when the paper's μ decides the next τ."""
         if not self.adaptive or self._ends_after_this_round() or self.mu_estimator != "paper":
-            return []  # the code estimators' numerators came with the training results
+            return False  # the code estimators' numerators came with the training results
         self._new_params = new_params
+        return True
+
+    def followup_task(self, round_idx: int, result: ClientResult) -> ClientTask:
         probe = float(self.mu_probe_size) if self.mu_probe_size is not None else 0.0
-        return [
-            ClientTask(
-                client_id=r.client_id,
-                round_idx=round_idx,
-                local_steps=0,
-                lr=0.0,
-                kind="mu_stats",
-                payload=self._local_models[r.client_id],
-                extras={"probe_size": probe},
-            )
-            for r in results
-        ]
+        return ClientTask(
+            client_id=result.client_id,
+            round_idx=round_idx,
+            local_steps=0,
+            lr=0.0,
+            kind="mu_stats",
+            payload=self._local_models[result.client_id],
+            extras={"probe_size": probe},
+        )
 
     def _ends_after_this_round(self) -> bool:
         """The run ends after this round whatever τ* is (so no μ is needed)."""

@@ -62,15 +62,14 @@ from torch import nn
 from torch.func import functional_call
 
 from raydpfl.algorithms.base import (
-    Algorithm,
     ClientContext,
     ClientData,
     ClientResult,
     ClientTask,
     Params,
+    UniformCohortAlgorithm,
     parameter_delta,
     privacy_session,
-    uniform_cohort,
 )
 from raydpfl.privacy.accountants import validate_accountant, validate_delta
 from raydpfl.privacy.calibration import max_steps_for, noise_multiplier_for
@@ -139,7 +138,7 @@ def clip_update(update: Params, clip_norm: float) -> float:
     return norm
 
 
-class PeDpfl(Algorithm):
+class PeDpfl(UniformCohortAlgorithm):
     """PE-DPFL (see the module docstring: every formula is our assumption).
 
     Args:
@@ -240,9 +239,6 @@ class PeDpfl(Algorithm):
                 f"reach epsilon={self.epsilon:g}"
             )
         return f"R_s exhausted ({self.rounds_done} rounds)"
-
-    def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        return uniform_cohort(num_clients, self.clients_per_round, rng)
 
     def plan(
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray

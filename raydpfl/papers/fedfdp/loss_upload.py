@@ -127,11 +127,11 @@ class LossUploadFollowups:
         None (the default): the new global model."""
         return None
 
-    def followup_tasks(
-        self,
-        round_idx: int,
-        tasks: Sequence[ClientTask],
-        results: Sequence[ClientResult],
-        new_params: Params,
-    ) -> list[ClientTask]:
-        return [self.loss_upload.task(r.client_id, round_idx, self.loss_model(r)) for r in results]
+    def followups_due(
+        self, round_idx: int, results: Sequence[ClientResult], new_params: Params
+    ) -> bool:
+        """Every round: each client of the round releases its loss."""
+        return True
+
+    def followup_task(self, round_idx: int, result: ClientResult) -> ClientTask:
+        return self.loss_upload.task(result.client_id, round_idx, self.loss_model(result))
