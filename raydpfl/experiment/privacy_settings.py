@@ -116,20 +116,36 @@ def check_delta(delta: float, sizes: np.ndarray) -> None:
         )
 
 
-def plan_dp_sgd(privacy: PrivacyConfig, max_steps: int) -> PrivacyPlan:
-    """DP-FedAvg's privacy plan: σ from the config or calibrated so that `max_steps` DP-SGD
-    steps spend ε, with the config's C, q, δ and accountant (record-level, per client)."""
-    sigma, calibrated = noise_multiplier(privacy, max_steps)
+def record_plan(
+    privacy: PrivacyConfig,
+    noise_multiplier: float,
+    calibrated: bool,
+    *,
+    metadata: dict[str, Any] | None = None,
+    **fields: Any,
+) -> PrivacyPlan:
+    """A record-level plan on the config's accountant, δ, ε budget, C and q with the
+    decided σ; `metadata` adds to the statement (after σ), `fields` override the plan's
+    own (e.g. ``epsilon=None`` for an uncapped ledger, ``step_budget``)."""
     meta = privacy_metadata(privacy)
-    meta.update(noise_multiplier=sigma, noise_calibrated=calibrated)
-    return PrivacyPlan(
+    meta.update(noise_multiplier=noise_multiplier, noise_calibrated=calibrated)
+    meta.update(metadata or {})
+    plan: dict[str, Any] = dict(
         unit="record",
         accountant=privacy.accountant,
         delta=privacy.delta,
         epsilon=privacy.epsilon,
         clip_norm=privacy.clip_norm,
-        noise_multiplier=sigma,
+        noise_multiplier=noise_multiplier,
         sampling_rate=privacy.sampling_rate,
         noise_calibrated=calibrated,
         metadata=meta,
     )
+    plan.update(fields)
+    return PrivacyPlan(**plan)
+
+
+def plan_dp_sgd(privacy: PrivacyConfig, max_steps: int) -> PrivacyPlan:
+    """DP-FedAvg's privacy plan: σ from the config or calibrated so that `max_steps` DP-SGD
+    steps spend ε, with the config's C, q, δ and accountant (record-level, per client)."""
+    return record_plan(privacy, *noise_multiplier(privacy, max_steps))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from raydpfl.config.schema import Config, ConfigError
-from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
+from raydpfl.experiment.privacy_settings import check_delta, record_plan
 from raydpfl.papers.ali_dpfl.pe_dpfl import calibrate_noise_multiplier as calibrate_pe_noise
 from raydpfl.papers.ali_dpfl.theory import classic_epsilon, iteration_budget
 from raydpfl.privacy.calibration import epsilon_for
@@ -52,21 +52,13 @@ def _plan(
     step_budget: int | None = None,
     **derived: object,
 ) -> PrivacyPlan:
-    privacy = config.experiment.privacy
-    meta = privacy_metadata(privacy)
-    meta.update(noise_multiplier=sigma, noise_calibrated=calibrated, **derived)
-    return PrivacyPlan(
-        unit="record",
-        accountant=privacy.accountant,
-        delta=privacy.delta,
-        epsilon=privacy.epsilon,
-        clip_norm=privacy.clip_norm,
-        noise_multiplier=sigma,
-        sampling_rate=privacy.sampling_rate,
-        noise_calibrated=calibrated,
+    return record_plan(
+        config.experiment.privacy,
+        sigma,
+        calibrated,
+        metadata=derived,
         step_budget=step_budget,
         step_unit="iterations" if step_budget is not None else "",
-        metadata=meta,
     )
 
 

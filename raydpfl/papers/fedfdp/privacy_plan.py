@@ -16,11 +16,12 @@ Both round counts are always written to the metadata (`rounds_budget_full`,
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from raydpfl.config.schema import Config, ConfigError
-from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
+from raydpfl.experiment.privacy_settings import check_delta, record_plan
 from raydpfl.papers.fedfdp.accounting import fedfdp_history, max_rounds, max_rounds_paper
 from raydpfl.privacy.accountants import compute_epsilon
 from raydpfl.privacy.calibration import largest_feasible_steps
@@ -69,10 +70,7 @@ def plan_privacy(config: Config, sizes: np.ndarray) -> PrivacyPlan:
     else:
         max_r = None
     eps_paper_t = compute_epsilon(history_of(t_paper), privacy.delta, privacy.accountant)
-    meta = privacy_metadata(privacy)
-    meta.update(
-        noise_multiplier=sigma,
-        noise_calibrated=False,
+    meta: dict[str, Any] = dict(
         rounds_from_budget=mode,
         rounds_budget_full=t_full,
         rounds_budget_paper_model_only=t_paper,
@@ -99,18 +97,15 @@ def plan_privacy(config: Config, sizes: np.ndarray) -> PrivacyPlan:
             f"charged too, so the delivered epsilon is {eps_paper_t:.3f}, not the "
             f"{privacy.epsilon} budget (the ledger is uncapped and reports it)"
         )
-    return PrivacyPlan(
-        unit="record",
-        accountant=privacy.accountant,
-        delta=privacy.delta,
+    return record_plan(
+        privacy,
+        sigma,
+        False,
+        metadata=meta,
         epsilon=cap,
-        clip_norm=privacy.clip_norm,
-        noise_multiplier=sigma,
-        sampling_rate=q,
         step_budget=max_r,
         step_unit="rounds",
         extra={"loss_noise_multiplier": sigma_l, "loss_sampling_rate": q_l},
-        metadata=meta,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from raydpfl.config.schema import Config, ConfigError
-from raydpfl.experiment.privacy_settings import check_delta, privacy_metadata
+from raydpfl.experiment.privacy_settings import check_delta, record_plan
 from raydpfl.papers.rc_dpfl.accounting import (
     steps_per_round,
     two_stage_epsilon,
@@ -45,37 +45,30 @@ def plan_privacy(config: Config, sizes: np.ndarray) -> PrivacyPlan:
         selection_rounds=sel_rounds,
         selection_epsilon=sel_eps,
     )
-    meta = privacy_metadata(privacy)
-    meta.update(
+    return record_plan(
+        privacy,
+        float(max(zs)),
+        privacy.noise_multiplier is None,
+        metadata=dict(
+            sampling_rate=None,
+            sampling="Poisson at q_i = b/|D_i| (experiment.privacy.sampling_rate is not used)",
+            batch_size=rc.batch_size,
+            local_epochs=rc.local_epochs,
+            noise_multipliers_per_client=[float(z) for z in zs],
+            planned_epsilon_max=float(max(planned)),
+            accounting="two_stage (full-batch round 1 + Poisson rounds)"
+            if algo.name == "rc_dpfl"
+            else "single_stage",
+            selection_privacy=rc.selection_privacy if algo.name == "rc_dpfl" else None,
+            selection_epsilon=sel_eps,
+            selection_rounds=sel_rounds,
+        ),
         sampling_rate=None,
-        sampling="Poisson at q_i = b/|D_i| (experiment.privacy.sampling_rate is not used)",
-        batch_size=rc.batch_size,
-        local_epochs=rc.local_epochs,
-        noise_multiplier=float(max(zs)),
-        noise_multipliers_per_client=[float(z) for z in zs],
-        noise_calibrated=privacy.noise_multiplier is None,
-        planned_epsilon_max=float(max(planned)),
-        accounting="two_stage (full-batch round 1 + Poisson rounds)"
-        if algo.name == "rc_dpfl"
-        else "single_stage",
-        selection_privacy=rc.selection_privacy if algo.name == "rc_dpfl" else None,
-        selection_epsilon=sel_eps,
-        selection_rounds=sel_rounds,
-    )
-    return PrivacyPlan(
-        unit="record",
-        accountant=privacy.accountant,
-        delta=privacy.delta,
-        epsilon=privacy.epsilon,
-        clip_norm=privacy.clip_norm,
-        noise_multiplier=float(max(zs)),
-        noise_calibrated=privacy.noise_multiplier is None,
         extra={
             "noise_multipliers": zs,
             "selection_epsilon": sel_eps,
             "selection_rounds": sel_rounds,
         },
-        metadata=meta,
     )
 
 
