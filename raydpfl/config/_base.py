@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class ConfigError(ValueError):
     """A config value is missing, unknown, of the wrong type or out of range.
@@ -24,3 +27,13 @@ class ConfigError(ValueError):
 def _check(ok: bool, name: str, message: str) -> None:
     if not ok:
         raise ConfigError(name, message)
+
+
+@contextlib.contextmanager
+def as_config_error(field: str, prefix: str = "") -> Iterator[None]:
+    """A `ValueError` raised inside becomes one `ConfigError` naming `field` (its message
+    after `prefix`), the traceback dropped: a builder's check stays a one-line refusal."""
+    try:
+        yield
+    except ValueError as e:
+        raise ConfigError(field, f"{prefix}{e}") from None

@@ -25,6 +25,7 @@ from raydpfl.callbacks import (
     check_callback_names,
     parse_callback_names,
 )
+from raydpfl.config import as_config_error
 from raydpfl.config.load import dump_config, load_config
 from raydpfl.config.resume import check_resume_config, flatten
 from raydpfl.config.schema import BUILTIN_DATASETS, Config, ConfigError, DataConfig, PrivacyConfig
@@ -219,10 +220,8 @@ def preflight(config: Config, dataset_given: bool = False, algorithm_given: bool
     """
     if not algorithm_given:
         check_first_round_affordable(config)
-    try:
+    with as_config_error("runtime.callbacks"):
         check_callback_names(parse_callback_names(config.runtime.callbacks))
-    except ValueError as e:
-        raise ConfigError("runtime.callbacks", str(e)) from None
     data = config.experiment.data
     if not dataset_given and data.dataset in BUILTIN_DATASETS and data.dataset != "synthetic":
         find_dataset_files(data.dataset, data.root)
@@ -324,7 +323,7 @@ def load_clustered(data: DataConfig, rng: np.random.Generator) -> FederatedDatas
         )
     arrays = load_dataset(data.dataset, data.root)
     official = cs.split_mode == "official_train_test"
-    try:
+    with as_config_error("experiment.data.cluster_shift"):
         built = make_cluster_shift(
             arrays.x_train,
             arrays.y_train,
@@ -341,8 +340,6 @@ def load_clustered(data: DataConfig, rng: np.random.Generator) -> FederatedDatas
             shuffle_clients=cs.shuffle_clients,
             name=data.dataset,
         )
-    except ValueError as e:
-        raise ConfigError("experiment.data.cluster_shift", str(e)) from None
     fields = {f.name: getattr(built.dataset, f.name) for f in dataclasses.fields(built.dataset)}
     return ClusteredDataset(**fields, clusters=tuple(int(c) for c in built.clusters))
 
@@ -353,7 +350,7 @@ def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
     rng = numpy_rng(seed, NO_ROUND, SERVER, "partition")
     if data.cluster_shift.kind != "none":
         return load_clustered(data, rng)
-    try:
+    with as_config_error("experiment.data"):
         if data.dataset == "synthetic":
             s = data.synthetic
             return synthetic_federated(
@@ -388,8 +385,6 @@ def load_federated(data: DataConfig, run_seed: int) -> FederatedDataset:
             size_sigma=data.partition.size_sigma,
             power_law_exponent=data.partition.power_law_exponent,
         )
-    except ValueError as e:
-        raise ConfigError("experiment.data", str(e)) from None
 
 
 def make_local_backend(exp: Experiment) -> Backend:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from raydpfl.config import as_config_error
 from raydpfl.config.schema import ConfigError, PrivacyConfig
 from raydpfl.privacy.accountants import describe_accountant
 from raydpfl.privacy.calibration import noise_multiplier_for
@@ -95,14 +96,10 @@ def noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, boo
     """σ from the config, or calibrated so that `max_steps` steps spend at most ε."""
     if privacy.noise_multiplier is not None:
         return privacy.noise_multiplier, False
-    try:
+    with as_config_error("experiment.privacy.noise_multiplier", "cannot calibrate: "):
         sigma = noise_multiplier_for(
             privacy.epsilon, privacy.delta, privacy.sampling_rate, max_steps, privacy.accountant
         )
-    except ValueError as e:
-        raise ConfigError(
-            "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
-        ) from None
     return sigma, True
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.algorithms.dp_ftrl_client import DPFTRLClientLevel
+from raydpfl.config import as_config_error
 from raydpfl.config.client_level import ClientLevelOptions, DPFTRLOptions
 from raydpfl.config.schema import ConfigError, PrivacyConfig
 from raydpfl.experiment.privacy_settings import PRIVACY_STATEMENT
@@ -56,10 +57,8 @@ def build(context: Any) -> DPFedAvgClientLevel:
                 "experiment.algorithm.clients_per_round",
                 f"the cohort K={k} is larger than the population of {n} clients",
             )
-    try:
+    with as_config_error("experiment.privacy.accountant"):
         check_client_level_accountant(privacy.accountant, opts.sampling)
-    except ValueError as e:
-        raise ConfigError("experiment.privacy.accountant", str(e)) from None
     check_population_delta(privacy.delta, n)
     plan = plan_client_level(context, ClientLevelCost(0.0, opts.sampling, n, q, k, 1), clip)
     try:
@@ -107,13 +106,11 @@ def build_ftrl(context: Any) -> DPFTRLClientLevel:
             f"the cohort K={k} is larger than the population of {n} clients",
         )
     clip = opts.update_clip_norm if opts.update_clip_norm is not None else privacy.clip_norm
-    try:
+    with as_config_error("experiment.privacy.accountant"):
         check_client_level_accountant(privacy.accountant, "tree")
-    except ValueError as e:
-        raise ConfigError("experiment.privacy.accountant", str(e)) from None
     check_population_delta(privacy.delta, n)
     plan = plan_client_level(context, ClientLevelCost(0.0, "tree", n, None, k, 1, n // k), clip)
-    try:
+    with as_config_error("experiment.algorithm.options"):
         algorithm = DPFTRLClientLevel(
             num_clients=n,
             cohort_size=k,
@@ -127,8 +124,6 @@ def build_ftrl(context: Any) -> DPFTRLClientLevel:
             clipping=opts.clipping,
             seed=rt.seed,
         )
-    except ValueError as e:
-        raise ConfigError("experiment.algorithm.options", str(e)) from None
     algorithm.noise_calibrated = plan.noise_calibrated
     return algorithm
 
@@ -140,14 +135,10 @@ def plan_client_level(context: Any, template: ClientLevelCost, clip: float) -> P
     privacy, rounds = exp.privacy, exp.algorithm.rounds
     sigma = privacy.noise_multiplier
     if sigma is None:
-        try:
+        with as_config_error("experiment.privacy.noise_multiplier", "cannot calibrate: "):
             sigma = client_level_noise_multiplier(
                 privacy.epsilon, privacy.delta, template, rounds, privacy.accountant
             )
-        except ValueError as e:
-            raise ConfigError(
-                "experiment.privacy.noise_multiplier", f"cannot calibrate: {e}"
-            ) from None
     return PrivacyPlan(
         unit="client",
         accountant=privacy.accountant,
@@ -190,10 +181,8 @@ def client_level_ledger(
             "experiment.data.num_clients",
             f"the algorithm was built for {cost.population} clients, the data has {n}",
         )
-    try:
+    with as_config_error("experiment.privacy.accountant"):
         check_client_level_accountant(privacy.accountant, cost.sampling)
-    except ValueError as e:
-        raise ConfigError("experiment.privacy.accountant", str(e)) from None
     check_population_delta(privacy.delta, n)
     ledger = ClientLevelLedger(privacy.accountant, privacy.delta, privacy.epsilon, n)
     return ledger, client_level_metadata(algorithm, cost, privacy)

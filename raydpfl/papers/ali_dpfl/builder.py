@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from raydpfl.algorithms.base import Algorithm
-from raydpfl.config.schema import Config, ConfigError
+from raydpfl.config import as_config_error
+from raydpfl.config.schema import Config
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.papers.ali_dpfl.adap_dp_fl import AdapDpFl
 from raydpfl.papers.ali_dpfl.algorithm import AliDpfl, DPFedAvgFixedTau
@@ -50,7 +51,7 @@ def _ali_baseline(config: Config, plan: PrivacyPlan, num_params: int) -> Algorit
         accountant=plan.accountant,
         noise_multiplier=plan.noise_multiplier,
     )
-    try:
+    with as_config_error(f"experiment.algorithm.{algo.name}"):
         if algo.name == "pe_dpfl":
             return PeDpfl(
                 **common,
@@ -72,8 +73,6 @@ def _ali_baseline(config: Config, plan: PrivacyPlan, num_params: int) -> Algorit
             min_noise_multiplier=options.min_noise_multiplier,
             loss_clip=options.loss_clip,
         )
-    except ValueError as e:
-        raise ConfigError(f"experiment.algorithm.{algo.name}", str(e)) from None
 
 
 def _ali(

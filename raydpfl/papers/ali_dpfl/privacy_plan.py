@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from raydpfl.config import as_config_error
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.experiment.privacy_settings import check_delta, record_plan
 from raydpfl.papers.ali_dpfl.pe_dpfl import calibrate_noise_multiplier as calibrate_pe_noise
@@ -38,10 +39,8 @@ def _pe_sigma(config: Config) -> tuple[float, bool]:
     privacy, algo = config.experiment.privacy, config.experiment.algorithm
     if privacy.noise_multiplier is not None:
         return privacy.noise_multiplier, False
-    try:
+    with as_config_error("experiment.algorithm.pe_dpfl"):
         sigma = calibrate_pe_noise(privacy.epsilon, privacy.delta, algo.rounds, privacy.accountant)
-    except ValueError as e:
-        raise ConfigError("experiment.algorithm.pe_dpfl", str(e)) from None
     return sigma, True
 
 
@@ -73,7 +72,7 @@ def _plan_iterations(config: Config) -> PrivacyPlan:
             "not sigma); the paper's is 1.1",
         )
     sigma, q = privacy.noise_multiplier, privacy.sampling_rate
-    try:
+    with as_config_error("experiment.privacy", "cannot derive R_c: "):
         r_c = iteration_budget(
             privacy.epsilon,
             privacy.delta,
@@ -83,8 +82,6 @@ def _plan_iterations(config: Config) -> PrivacyPlan:
             conversion=ali.rc_conversion,
             accountant=privacy.accountant,
         )
-    except ValueError as e:
-        raise ConfigError("experiment.privacy", f"cannot derive R_c: {e}") from None
     if r_c < 1:
         raise ConfigError(
             "experiment.privacy.epsilon",

@@ -27,6 +27,7 @@ import numpy as np
 from torch import nn
 
 from raydpfl.algorithms.base import Algorithm
+from raydpfl.config import as_config_error
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.papers.dpfl_bcs import estimation as th
@@ -148,7 +149,7 @@ def _algorithm(
 ) -> DpflBcs:
     """The class serving `name`, built from `common`."""
     aggregation = {"bcs_weiavg": "weiavg", "bcs_pfa": "pfa"}.get(name, "mean")
-    try:
+    with as_config_error(_FIELD):
         if name == "bcs_fedsgd":
             algorithm: DpflBcs = BcsFedSgd(**common, selection="uniform")
         elif privatefl:
@@ -166,8 +167,6 @@ def _algorithm(
                 stage1_rounds=cfg.stage1_rounds,
                 aggregation=aggregation,
             )
-    except ValueError as e:
-        raise ConfigError(_FIELD, str(e)) from None
     algorithm.name = name  # type: ignore[misc]  (one class serves every baseline)
     return algorithm
 

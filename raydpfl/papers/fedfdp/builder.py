@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from raydpfl.algorithms.base import Algorithm
+from raydpfl.config import as_config_error
 from raydpfl.config.schema import Config, ConfigError, server_optimizer_algorithms
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.builders.core import server_optimizer_kwargs
@@ -85,10 +86,8 @@ def build(
         clip_multiplier=opts.loss_clip_multiplier,
     )
     sigma, q = plan.noise_multiplier, plan.sampling_rate
-    try:
+    with as_config_error(f"experiment.algorithm.fedfdp ({name})"):
         algorithm = _private(name, opts, common, dataset, model, upload, sigma, q)
-    except ValueError as e:
-        raise ConfigError(f"experiment.algorithm.fedfdp ({name})", str(e)) from None
     if name == "fedfdp":
         meta.update(
             fair_clip_mode=opts.clip_mode,

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from raydpfl.config import as_config_error
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.experiment.privacy_settings import check_delta, record_plan
 from raydpfl.papers.fedfdp.accounting import fedfdp_history, max_rounds, max_rounds_paper
@@ -117,7 +118,7 @@ def _round_budgets(
     privacy, opts, tau = exp.privacy, exp.algorithm.typed_options(), exp.algorithm.local_steps
     sigma, q = privacy.noise_multiplier, privacy.sampling_rate
     assert sigma is not None
-    try:
+    with as_config_error("experiment.privacy", "cannot derive the round budget: "):
         t_full = (
             max_rounds(
                 privacy.epsilon,
@@ -144,8 +145,6 @@ def _round_budgets(
             noise_multiplier=sigma,
             local_steps=tau,
         )
-    except ValueError as e:
-        raise ConfigError("experiment.privacy", f"cannot derive the round budget: {e}") from None
     return t_full, t_paper
 
 

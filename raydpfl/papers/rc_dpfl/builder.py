@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from raydpfl.algorithms.base import Algorithm
+from raydpfl.config import as_config_error
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.cluster_shift import true_clusters
 from raydpfl.data.federated import FederatedDataset
@@ -84,10 +85,8 @@ def build(
         seed=rt.seed,
         true_clusters=None if clusters is None else clusters.tolist(),
     )
-    try:
+    with as_config_error(f"experiment.algorithm.{algo.name}"):
         algorithm = _make(config, model, common, sel_eps, sel_rounds, clusters)
-    except ValueError as e:
-        raise ConfigError(f"experiment.algorithm.{algo.name}", str(e)) from None
     meta = plan.summary()
     meta.update(true_clusters=None if clusters is None else clusters.tolist())
     return algorithm, plan.ledger(), meta

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from raydpfl.config import as_config_error
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.experiment.privacy_settings import check_delta, record_plan
 from raydpfl.papers.rc_dpfl.accounting import (
@@ -91,7 +92,7 @@ def _noise_multipliers(
         )
         if selection_rounds:
             kw.update(selection_rounds=selection_rounds, selection_epsilon=selection_epsilon)
-        try:
+        with as_config_error("experiment.privacy", "cannot calibrate sigma: "):
             if two_stage:
                 z = privacy.noise_multiplier
                 if z is None:
@@ -105,8 +106,6 @@ def _noise_multipliers(
                         privacy.epsilon, privacy.delta, b / size, steps, privacy.accountant
                     )
                 eps = compute_epsilon([(z, b / size, steps)], privacy.delta, privacy.accountant)
-        except ValueError as e:
-            raise ConfigError("experiment.privacy", f"cannot calibrate sigma: {e}") from None
         if eps > privacy.epsilon * (1 + 1e-9):
             raise ConfigError(
                 "experiment.privacy.noise_multiplier",
