@@ -263,13 +263,16 @@ def record_row(rec: dict, args: argparse.Namespace) -> None:
     name, tau = METHODS[rec["method"]]
     # The paper's schedule: at most R_s rounds; the fixed-τ baselines K = min(R_s, ⌊R_c/τ⌋).
     rounds_paper = rec["R_s"] if name == "ali_dpfl" else min(rec["R_s"], rec["R_c"] // tau)
-    variant = []
+    # The record's variant: "<what every method of the cell shares>; <ALI-DPFL's own>", so
+    # an ALI-DPFL-only change (its μ) is still compared with the fixed τ beside it.
+    shared, own = [], []
     if args.normalizer != "expected":
-        variant.append(f"normalizer={args.normalizer}")
+        shared.append(f"normalizer={args.normalizer}")
     if args.mu_probe_size is not None and name == "ali_dpfl":
-        variant.append(f"mu_probe_size={args.mu_probe_size}")
+        own.append(f"mu_probe_size = {args.mu_probe_size}")
     if getattr(args, "mu_estimator", "paper") != "paper" and name == "ali_dpfl":
-        variant.append(f"mu_estimator={args.mu_estimator}")
+        own.append(f"mu_estimator = {args.mu_estimator}")
+    variant = [", ".join(shared) + ("; " + ", ".join(own) if own else "")] if shared or own else []
     _record.record(
         paper="ali_dpfl",
         table=table_,
