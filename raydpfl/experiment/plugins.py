@@ -29,6 +29,7 @@ import torch
 
 from raydpfl import registry
 from raydpfl.algorithms.base import Algorithm
+from raydpfl.config import as_config_error
 from raydpfl.config.load import from_mapping
 from raydpfl.config.schema import Config, ConfigError, PrivacyConfig
 from raydpfl.data.datasets import ArrayDataset
@@ -63,12 +64,61 @@ class BuildContext:
 
 def parse_options(entry: registry.Entry, raw: Mapping[str, Any], field: str) -> Any:
     """The entry's options dataclass built from `raw` (strict: unknown keys, wrong types
-    and its own range checks are `ConfigError`s under `field`); None without options."""
-    if entry.options is None:
+    and its own range checks are `ConfigError`s under `field`); None without options.
+
+    A model or dataset registered without an options dataclass takes the keyword
+    arguments its factory's signature names (`signature_options`), checked the same way.
+    """
+    options = entry.options
+    if options is None and raw and entry.kind in _LEADING_ARGUMENTS:
+        with as_config_error(field):
+            options = signature_options(_load(entry, field), _LEADING_ARGUMENTS[entry.kind])
+    if options is None:
         if raw:
             raise ConfigError(field, f"{entry.kind} {entry.name!r} takes no options")
         return None
-    return from_mapping(entry.options, dict(raw), field)
+    return from_mapping(options, dict(raw), field)
+
+
+#: The positional arguments of a model or dataset factory that are not options.
+_LEADING_ARGUMENTS = {"model": 2, "dataset": 1}  # (input_shape, num_classes) · (root,)
+#: The annotations a signature option may have (what a YAML value converts to).
+_SIMPLE = (int, float, str, bool)
+
+
+def signature_options(factory: Callable[..., Any], leading: int) -> type | None:
+    """An options dataclass read off `factory`'s keyword parameters after the first
+    `leading`: each with its annotation (int, float, str, bool, optionally ``| None``) and
+    its default (a parameter without one is required). None when it names none.
+
+    Raises:
+        ValueError: A parameter's annotation is not one of those (the factory's options
+            then need their own dataclass: ``register_model(..., options=...)``).
+    """
+    import typing
+
+    try:
+        hints = typing.get_type_hints(factory)
+        params = list(inspect.signature(factory).parameters.values())[leading:]
+    except (TypeError, ValueError, NameError):
+        return None
+    fields = []
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        hint = hints.get(param.name, type(param.default))
+        bare = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        if len(bare) != 1 or bare[0] not in _SIMPLE:
+            raise ValueError(
+                f"{getattr(factory, '__name__', factory)}'s parameter {param.name} has type "
+                f"{hint!r}; register the factory with an options dataclass"
+            )
+        default = {} if param.default is param.empty else {"default": param.default}
+        fields.append((param.name, hint, dataclasses.field(**default)))
+    if not fields:
+        return None
+    name = f"{getattr(factory, '__name__', 'factory')}_options"
+    return dataclasses.make_dataclass(name, fields, frozen=True, kw_only=True)
 
 
 def build_registered_algorithm(

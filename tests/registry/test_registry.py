@@ -247,3 +247,26 @@ def test_the_cli_names_what_a_plugin_file_registers(clean_registry, tmp_path, ca
     assert summary["algorithm"] == "dp_fedavg_server_momentum"
     assert main(["validate", str(config), "--plugin", "no_such_module_xyz"]) == 2
     assert "--plugin: cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+
+
+def test_a_models_options_are_read_off_its_factory_when_it_has_no_dataclass(tmp_path):
+    from raydpfl.config import ConfigError
+    from raydpfl.experiment.plugins import registered_model_factory
+
+    def wide_mlp(input_shape, num_classes, hidden: int = 16, dropout: float | None = None):
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(int(np.prod(input_shape)), hidden),
+            nn.ReLU(), nn.Linear(hidden, num_classes),
+        )  # fmt: skip
+
+    registry.register("model", "_wide_mlp", wide_mlp)
+    try:
+        factory = registered_model_factory("_wide_mlp", {"hidden": 7}, (1, 4, 4), 3)
+        assert factory()[1].out_features == 7
+        with pytest.raises(ConfigError) as e:
+            registered_model_factory("_wide_mlp", {"hiden": 7}, (1, 4, 4), 3)
+        assert e.value.field == "experiment.model.options.hiden"
+        with pytest.raises(ConfigError, match="must be an integer"):
+            registered_model_factory("_wide_mlp", {"hidden": "big"}, (1, 4, 4), 3)
+    finally:
+        registry.unregister("model", "_wide_mlp")
