@@ -61,10 +61,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 
 from raydpfl.privacy.bookkeeping import SharedLayerError
-from raydpfl.privacy.dpsgd import Params, clip_weights, fill_gaussian_, uniform_draws
+from raydpfl.privacy.dpsgd import Params, clip_weights, fill_gaussian_, record_loss, uniform_draws
 
 #: Default bound on the bytes of per-sample gradients formed at once (and on the
 #: stacked per-client state of one chunk).
@@ -163,12 +163,7 @@ class MultiClientDPSGD:
         self.memory_budget_bytes = memory_budget_bytes
         self.max_clients = max_clients
         self.buffers = {n: b.detach() for n, b in model.named_buffers()}
-
-        def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = functional_call(model, (params, self.buffers), (x.unsqueeze(0),))
-            return F.cross_entropy(logits, y.unsqueeze(0))
-
-        per_sample = grad(sample_loss)
+        per_sample = grad(record_loss(model, self.buffers))
         # Shared parameters (first step): one vmap over the samples of all clients.
         self._shared = vmap(per_sample, in_dims=(None, 0, 0))
         # Stacked parameters: vmap over clients of vmap over that client's padded batch.
