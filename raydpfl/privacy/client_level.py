@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,7 +60,7 @@ from raydpfl.privacy.accountants import (
     validate_ledger_accountant,
 )
 from raydpfl.privacy.calibration import largest_feasible_steps, smallest_sigma
-from raydpfl.privacy.ledger import LedgerSettings
+from raydpfl.privacy.ledger import LedgerSettings, json_sha256
 
 __all__ = [
     "POPULATION",
@@ -601,15 +599,10 @@ class ClientLevelLedger(LedgerSettings):
     def sha256(self) -> str:
         """SHA-256 of the canonical JSON of the charges and the population."""
         data = {"population": self._population, "charges": [c.to_dict() for c in self._history]}
-        payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        return json_sha256(data)
 
     def __repr__(self) -> str:
-        return (
-            f"ClientLevelLedger(accountant={self._accountant!r}, delta={self._delta!r}, "
-            f"epsilon_budget={self._budget!r}, population={self._population}, "
-            f"rounds={self.rounds()})"
-        )
+        return self._repr(f"population={self._population}, rounds={self.rounds()}")
 
 
 def _is_real(x: object) -> bool:

@@ -202,6 +202,18 @@ class LedgerSettings:
         their own budget."""
         return self._budget
 
+    def _repr(self, details: str) -> str:
+        return (
+            f"{type(self).__name__}(accountant={self._accountant!r}, delta={self._delta!r}, "
+            f"epsilon_budget={self._budget!r}, {details})"
+        )
+
+
+def json_sha256(data: Any) -> str:
+    """SHA-256 hex digest of the canonical JSON (sorted keys, no spaces) of `data`."""
+    payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
 
 class PrivacyLedger(LedgerSettings):
     """Append-only record of privacy charges per client, with an optional budget.
@@ -501,15 +513,10 @@ class PrivacyLedger(LedgerSettings):
         data: Any = self._entries()
         if self._client_budgets:
             data = {"clients": data, "client_budgets": self.to_dict()["client_budgets"]}
-        payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        return json_sha256(data)
 
     def __repr__(self) -> str:
-        return (
-            f"PrivacyLedger(accountant={self._accountant!r}, delta={self._delta!r}, "
-            f"epsilon_budget={self._budget!r}, clients={len(self._node_of)}, "
-            f"charges={self._num_charges})"
-        )
+        return self._repr(f"clients={len(self._node_of)}, charges={self._num_charges}")
 
 
 def _zero_signs(cost: PrivacyCost) -> tuple[bool, ...]:

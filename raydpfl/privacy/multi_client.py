@@ -57,6 +57,7 @@ import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -130,6 +131,16 @@ class MultiClientResult:
             "mean_batch_size": float(self.batch_sizes[i].double().mean()),
             "clipped_fraction": float(self.clipped_fractions[i].mean()),
         }
+
+
+class _StepSettings(NamedTuple):
+    """`MultiClientDPSGD.run`'s step settings, as one chunk of clients receives them."""
+
+    local_steps: int
+    lr: float
+    sampling_rate: float
+    clip_norm: float
+    noise_multiplier: float
 
 
 class MultiClientDPSGD:
@@ -227,11 +238,7 @@ class MultiClientDPSGD:
                 y,
                 client_indices[s : s + chunk],
                 generators[s : s + chunk],
-                local_steps=local_steps,
-                lr=lr,
-                sampling_rate=sampling_rate,
-                clip_norm=clip_norm,
-                noise_multiplier=noise_multiplier,
+                _StepSettings(local_steps, lr, sampling_rate, clip_norm, noise_multiplier),
             )
             for s in range(0, len(client_indices), chunk)
         ]
@@ -264,13 +271,9 @@ class MultiClientDPSGD:
         y: torch.Tensor,
         client_indices: Sequence[torch.Tensor],
         generators: Sequence[torch.Generator],
-        *,
-        local_steps: int,
-        lr: float,
-        sampling_rate: float,
-        clip_norm: float,
-        noise_multiplier: float,
+        settings: _StepSettings,
     ) -> MultiClientResult:
+        local_steps, lr, sampling_rate, clip_norm, noise_multiplier = settings
         c = len(client_indices)
         ref = next(iter(params.values()))
         device, dtype = ref.device, ref.dtype
