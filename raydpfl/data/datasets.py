@@ -268,19 +268,29 @@ def read_cifar10_binary(
     xs, ys = [], []
     for raw_path in paths:
         path = Path(raw_path)
-        data = path.read_bytes()
-        if len(data) == 0 or len(data) % _CIFAR_RECORD != 0:
-            raise ValueError(
-                f"{path}: size {len(data)} is not a positive multiple of the "
-                f"{_CIFAR_RECORD}-byte CIFAR-10 binary record"
-            )
-        records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _CIFAR_RECORD)
+        records = binary_records(path, _CIFAR_RECORD, "CIFAR-10 binary record")
         labels = records[:, 0].astype(np.int64)
         if labels.max() > 9:
             raise ValueError(f"{path}: label {int(labels.max())} outside 0..9; not CIFAR-10")
         xs.append(records[:, 1:].reshape(-1, 3, 32, 32).copy())
         ys.append(labels)
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def binary_records(path: Path, record_bytes: int, what: str) -> np.ndarray:
+    """The file at `path` as a read-only uint8 array of `record_bytes`-byte rows.
+
+    Raises:
+        ValueError: The size is not a positive multiple of `record_bytes` (the message
+            names the record as `what`).
+    """
+    data = path.read_bytes()
+    if len(data) == 0 or len(data) % record_bytes != 0:
+        raise ValueError(
+            f"{path}: size {len(data)} is not a positive multiple of the "
+            f"{record_bytes}-byte {what}"
+        )
+    return np.frombuffer(data, dtype=np.uint8).reshape(-1, record_bytes)
 
 
 # --------------------------------------------------------------------------- discovery
@@ -432,15 +442,7 @@ def _load_digits() -> ArrayDataset:
     x = ((x - x.mean()) / x.std()).astype(np.float32)
     y = np.asarray(bunch.target, dtype=np.int64)
     train_idx, test_idx = _stratified_split(y, _DIGITS_TEST_FRACTION, _DIGITS_SPLIT_SEED)
-    return ArrayDataset(
-        name="digits",
-        x_train=x[train_idx],
-        y_train=y[train_idx],
-        x_test=x[test_idx],
-        y_test=y[test_idx],
-        num_classes=10,
-        input_shape=(1, 8, 8),
-    )
+    return _split_dataset("digits", x, y, train_idx, test_idx, num_classes=10)
 
 
 def _load_diabetes() -> ArrayDataset:
@@ -458,14 +460,27 @@ def _load_diabetes() -> ArrayDataset:
     y_mean, y_std = y[train_idx].mean(), y[train_idx].std()
     xs = ((x - x_mean) / x_std).astype(np.float32)
     ys = ((y - y_mean) / y_std).astype(np.float32)
+    return _split_dataset("diabetes", xs, ys, train_idx, test_idx, num_classes=1)
+
+
+def _split_dataset(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    train_idx: np.ndarray,
+    test_idx: np.ndarray,
+    *,
+    num_classes: int,
+) -> ArrayDataset:
+    """One pool of records (x, y) cut into its train and test rows."""
     return ArrayDataset(
-        name="diabetes",
-        x_train=xs[train_idx],
-        y_train=ys[train_idx],
-        x_test=xs[test_idx],
-        y_test=ys[test_idx],
-        num_classes=1,
-        input_shape=(10,),
+        name=name,
+        x_train=x[train_idx],
+        y_train=y[train_idx],
+        x_test=x[test_idx],
+        y_test=y[test_idx],
+        num_classes=num_classes,
+        input_shape=tuple(x.shape[1:]),
     )
 
 

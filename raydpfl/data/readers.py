@@ -39,6 +39,7 @@ from raydpfl.data.datasets import (
     _extract_cifar,
     _fetch,
     _resolve_root,
+    binary_records,
 )
 
 __all__ = [
@@ -97,13 +98,9 @@ def read_cifar100_binary(
     if labels not in CIFAR100_LABELS:
         raise ValueError(f"labels must be one of {tuple(CIFAR100_LABELS)}, got {labels!r}")
     path = Path(path)
-    data = path.read_bytes()
-    if len(data) == 0 or len(data) % _CIFAR100_RECORD != 0:
-        raise ValueError(
-            f"{path}: size {len(data)} is not a positive multiple of the "
-            f"{_CIFAR100_RECORD}-byte CIFAR-100 binary record (truncated, or not CIFAR-100)"
-        )
-    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _CIFAR100_RECORD)
+    records = binary_records(
+        path, _CIFAR100_RECORD, "CIFAR-100 binary record (truncated, or not CIFAR-100)"
+    )
     for column, kind in ((0, "coarse"), (1, "fine")):
         top = int(records[:, column].max())
         if top >= CIFAR100_LABELS[kind]:
@@ -142,6 +139,27 @@ def _standardise(x_uint8: np.ndarray, mean: Iterable[float], std: Iterable[float
     return x
 
 
+def _image_dataset(
+    name: str,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    mean_std: tuple[Iterable[float], Iterable[float]],
+    num_classes: int,
+) -> ArrayDataset:
+    """uint8 (N, C, H, W) train and test images, each standardised per channel by
+    `mean_std`, with their labels."""
+    (x_train, y_train), (x_test, y_test) = train, test
+    return ArrayDataset(
+        name=name,
+        x_train=_standardise(x_train, *mean_std),
+        y_train=y_train,
+        x_test=_standardise(x_test, *mean_std),
+        y_test=y_test,
+        num_classes=num_classes,
+        input_shape=tuple(int(d) for d in x_train.shape[1:]),
+    )
+
+
 def load_cifar100(
     root: str | os.PathLike[str] | None = None, labels: str = "fine"
 ) -> ArrayDataset:
@@ -156,14 +174,12 @@ def load_cifar100(
     files = find_cifar100_files(root)
     x_train, y_train = read_cifar100_binary(files["train"], labels)
     x_test, y_test = read_cifar100_binary(files["test"], labels)
-    return ArrayDataset(
-        name="cifar100",
-        x_train=_standardise(x_train, _CIFAR100_MEAN, _CIFAR100_STD),
-        y_train=y_train,
-        x_test=_standardise(x_test, _CIFAR100_MEAN, _CIFAR100_STD),
-        y_test=y_test,
-        num_classes=CIFAR100_LABELS[labels],
-        input_shape=(3, 32, 32),
+    return _image_dataset(
+        "cifar100",
+        (x_train, y_train),
+        (x_test, y_test),
+        (_CIFAR100_MEAN, _CIFAR100_STD),
+        CIFAR100_LABELS[labels],
     )
 
 
@@ -576,12 +592,6 @@ def load_image_folder(
     scaled = x_train.astype(np.float64) / 255.0
     mean = scaled.mean(axis=(0, 2, 3))
     std = np.maximum(scaled.std(axis=(0, 2, 3)), 1e-6)
-    return ArrayDataset(
-        name="image_folder",
-        x_train=_standardise(x_train, mean, std),
-        y_train=y_train,
-        x_test=_standardise(x_test, mean, std),
-        y_test=y_test,
-        num_classes=len(classes),
-        input_shape=tuple(int(d) for d in x_train.shape[1:]),
+    return _image_dataset(
+        "image_folder", (x_train, y_train), (x_test, y_test), (mean, std), len(classes)
     )

@@ -66,23 +66,20 @@ def make_synthetic(
         ValueError: If an argument is out of range.
         TypeError: If `rng` is not a `numpy.random.Generator`.
     """
-    alpha = check_nonnegative("alpha", alpha)
-    beta = check_nonnegative("beta", beta)
-    num_clients = check_int("num_clients", num_clients, 1)
-    check_rng(rng)
-    num_features = check_int("num_features", num_features, 1)
-    num_classes = check_int("num_classes", num_classes, 2)
-    min_samples = check_int("min_samples", min_samples, 1)
-    if max_samples is not None:
-        max_samples = check_int("max_samples", max_samples, min_samples)
-
-    x, y, sizes = _generate(
-        alpha, beta, num_clients, rng, num_features, num_classes, iid, min_samples, max_samples
+    x, y, sizes = make_synthetic_pooled(
+        alpha,
+        beta,
+        num_clients,
+        rng,
+        num_features=num_features,
+        num_classes=num_classes,
+        iid=iid,
+        min_samples=min_samples,
+        max_samples=max_samples,
     )
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     return [
-        (x[offsets[k] : offsets[k + 1]], y[offsets[k] : offsets[k + 1]])
-        for k in range(num_clients)
+        (x[offsets[k] : offsets[k + 1]], y[offsets[k] : offsets[k + 1]]) for k in range(len(sizes))
     ]
 
 

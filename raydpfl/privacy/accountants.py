@@ -104,8 +104,12 @@ def validate_accountant(accountant: str) -> str:
     Raises:
         ValueError: If ``accountant`` is unknown.
     """
-    if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    return _one_of(accountant, ACCOUNTANTS)
+
+
+def _one_of(accountant: str, names: tuple[str, ...]) -> str:
+    if not isinstance(accountant, str) or accountant not in names:
+        raise ValueError(f"accountant must be one of {names}, got {accountant!r}")
     return accountant
 
 
@@ -491,9 +495,7 @@ def validate_ledger_accountant(accountant: str) -> str:
     Raises:
         ValueError: If ``accountant`` is unknown.
     """
-    if not isinstance(accountant, str) or accountant not in LEDGER_ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {LEDGER_ACCOUNTANTS}, got {accountant!r}")
-    return accountant
+    return _one_of(accountant, LEDGER_ACCOUNTANTS)
 
 
 def _validate_extended_entry(entry: object, where: str) -> ExtendedEntry:

@@ -32,14 +32,18 @@ MAX_STEPS_CAP: int = 10**7
 
 
 def _check_target(target_epsilon: float) -> float:
+    return _check_positive_real("target_epsilon", target_epsilon)
+
+
+def _check_positive_real(name: str, value: float) -> float:
     if (
-        not isinstance(target_epsilon, numbers.Real)
-        or isinstance(target_epsilon, bool)
-        or not math.isfinite(float(target_epsilon))
-        or float(target_epsilon) <= 0.0
+        not isinstance(value, numbers.Real)
+        or isinstance(value, bool)
+        or not math.isfinite(float(value))
+        or float(value) <= 0.0
     ):
-        raise ValueError(f"target_epsilon must be a finite real > 0, got {target_epsilon!r}")
-    return float(target_epsilon)
+        raise ValueError(f"{name} must be a finite real > 0, got {value!r}")
+    return float(value)
 
 
 def _check_entry(noise_multiplier: float, sampling_rate: float, steps: int) -> None:
@@ -117,15 +121,8 @@ def noise_multiplier_for(
     delta = validate_delta(delta)
     validate_accountant(accountant)
     _check_entry(0.0, sampling_rate, steps)
-    for name, value in (("sigma_max", sigma_max), ("precision", precision)):
-        if (
-            not isinstance(value, numbers.Real)
-            or isinstance(value, bool)
-            or not math.isfinite(float(value))
-            or float(value) <= 0.0
-        ):
-            raise ValueError(f"{name} must be a finite real > 0, got {value!r}")
-    sigma_max, precision = float(sigma_max), float(precision)
+    sigma_max = _check_positive_real("sigma_max", sigma_max)
+    precision = _check_positive_real("precision", precision)
     q = float(sampling_rate)
     if q == 0.0 or steps == 0:
         return 0.0
@@ -133,21 +130,53 @@ def noise_multiplier_for(
     def eps(sigma: float) -> float:
         return compute_epsilon([(sigma, q, steps)], delta, accountant)
 
-    lo, hi = 0.0, min(1.0, sigma_max)  # eps(0) = inf > target
+    return smallest_sigma(
+        eps,
+        target,
+        sigma_max,
+        precision,
+        unreachable=f"target_epsilon={target} is unreachable with sigma <= sigma_max={sigma_max}",
+        target_label=f"target_epsilon={target}",
+    )
+
+
+def smallest_sigma(
+    eps: Callable[[float], float],
+    target: float,
+    sigma_max: float,
+    precision: float,
+    *,
+    unreachable: str,
+    target_label: str,
+) -> float:
+    """The smallest σ in (0, `sigma_max`] with ``eps(σ) <= target``, to `precision`.
+
+    The bracket starts at [0, min(1, σ_max)] (eps(0) = ∞ > target) and doubles its upper
+    end until it meets the target (ValueError `unreachable` once σ_max misses it); then
+    `bisect_safe_end` narrows it and the safe end is re-verified and returned.
+    """
+    lo, hi = 0.0, min(1.0, sigma_max)
     while eps(hi) > target:
         if hi >= sigma_max:
-            raise ValueError(
-                f"target_epsilon={target} is unreachable with sigma <= sigma_max={sigma_max}"
-            )
+            raise ValueError(unreachable)
         lo, hi = hi, min(2.0 * hi, sigma_max)
+    hi = bisect_safe_end(eps, target, lo, hi, precision)
+    if not eps(hi) <= target:  # pragma: no cover - invariant of the bisection
+        raise RuntimeError(f"calibration failed: eps({hi}) exceeds {target_label}")
+    return hi
+
+
+def bisect_safe_end(
+    eps: Callable[[float], float], target: float, lo: float, hi: float, precision: float
+) -> float:
+    """Bisects [lo, hi] with eps(lo) > target >= eps(hi) (eps non-increasing) until it is
+    at most `precision` wide; returns its upper, safe end (eps(hi) <= target)."""
     while hi - lo > precision:
         mid = 0.5 * (lo + hi)
         if eps(mid) <= target:
             hi = mid
         else:
             lo = mid
-    if not eps(hi) <= target:  # pragma: no cover - invariant of the bisection
-        raise RuntimeError(f"calibration failed: eps({hi}) exceeds target_epsilon={target}")
     return hi
 
 

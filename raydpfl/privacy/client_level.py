@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,7 +59,8 @@ from raydpfl.privacy.accountants import (
     validate_delta,
     validate_ledger_accountant,
 )
-from raydpfl.privacy.calibration import largest_feasible_steps
+from raydpfl.privacy.calibration import largest_feasible_steps, smallest_sigma
+from raydpfl.privacy.ledger import LedgerSettings, json_sha256
 
 __all__ = [
     "POPULATION",
@@ -396,22 +395,16 @@ def client_level_noise_multiplier(
         cost = dataclasses.replace(round_cost, noise_multiplier=sigma)
         return client_level_epsilon(rounds_history(cost, rounds), delta, accountant)
 
-    lo, hi = 0.0, min(1.0, sigma_max)
-    while eps(hi) > target:
-        if hi >= sigma_max:
-            raise ValueError(
-                f"epsilon={target} is unreachable in {rounds} rounds with sigma <= {sigma_max}"
-            )
-        lo, hi = hi, min(2.0 * hi, sigma_max)
-    while hi - lo > precision:
-        mid = 0.5 * (lo + hi)
-        if eps(mid) <= target:
-            hi = mid
-        else:
-            lo = mid
-    if not eps(hi) <= target:  # pragma: no cover - invariant of the bisection
-        raise RuntimeError(f"calibration failed: eps({hi}) exceeds {target}")
-    return hi
+    return smallest_sigma(
+        eps,
+        target,
+        sigma_max,
+        precision,
+        unreachable=(
+            f"epsilon={target} is unreachable in {rounds} rounds with sigma <= {sigma_max}"
+        ),
+        target_label=f"{target}",
+    )
 
 
 def client_level_max_rounds(
@@ -435,7 +428,7 @@ def client_level_max_rounds(
 
 
 # ---- the population ledger ----------------------------------------------------------------
-class ClientLevelLedger:
+class ClientLevelLedger(LedgerSettings):
     """The population-level ledger of a client-level run (one privacy unit: `POPULATION`).
 
     Every round is charged here before it is dispatched; a charge that would push ε past
@@ -457,36 +450,14 @@ class ClientLevelLedger:
     def __init__(
         self, accountant: str, delta: float, epsilon_budget: float | None, population: int
     ) -> None:
-        self._accountant = validate_ledger_accountant(accountant)
-        self._delta = validate_delta(delta)
-        if epsilon_budget is not None and (
-            not _is_real(epsilon_budget)
-            or not math.isfinite(float(epsilon_budget))
-            or float(epsilon_budget) <= 0
-        ):
-            raise ValueError(
-                f"epsilon_budget must be None or a finite real > 0, got {epsilon_budget!r}"
-            )
+        super().__init__(accountant, delta, epsilon_budget)
         if not _is_int(population) or population < 1:
             raise ValueError(f"population must be an int >= 1, got {population!r}")
-        self._budget = None if epsilon_budget is None else float(epsilon_budget)
         self._population = int(population)
         self._history: list[ClientLevelCost] = []
         self._eps: float | None = 0.0
 
     # ---- settings (the `PrivacyLedger` interface the server uses) ----------------------
-    @property
-    def accountant(self) -> str:
-        return self._accountant
-
-    @property
-    def delta(self) -> float:
-        return self._delta
-
-    @property
-    def epsilon_budget(self) -> float | None:
-        return self._budget
-
     @property
     def population(self) -> int:
         return self._population
@@ -628,15 +599,10 @@ class ClientLevelLedger:
     def sha256(self) -> str:
         """SHA-256 of the canonical JSON of the charges and the population."""
         data = {"population": self._population, "charges": [c.to_dict() for c in self._history]}
-        payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        return json_sha256(data)
 
     def __repr__(self) -> str:
-        return (
-            f"ClientLevelLedger(accountant={self._accountant!r}, delta={self._delta!r}, "
-            f"epsilon_budget={self._budget!r}, population={self._population}, "
-            f"rounds={self.rounds()})"
-        )
+        return self._repr(f"population={self._population}, rounds={self.rounds()}")
 
 
 def _is_real(x: object) -> bool:

@@ -67,6 +67,7 @@ from raydpfl.privacy.kernel import (
     LiveMechanism,
     Mechanism,
     MechanismUse,
+    OpenInvocation,
     PrivacyContractError,
     PrivacySession,
     Receipt,
@@ -444,7 +445,7 @@ class LiveGaussianSum(LivePopulationMechanism):
         return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
 
 
-class LiveAdaptiveClipSum(LivePopulationMechanism):
+class LiveAdaptiveClipSum(OpenInvocation, LivePopulationMechanism):
     """`AdaptiveClipGaussianSum` live: one invocation is `release` (the update sum at
     z_Δ·S_t) then `noisy_count` (σ_b); `count` counts completed invocations, so a round
     that skips the count, or releases the sum again before it, is seen on its receipt or
@@ -469,13 +470,10 @@ class LiveAdaptiveClipSum(LivePopulationMechanism):
 
     def noisy_count(self) -> float:
         """One N(0, σ_b²) draw for Σ_k (b_k − ½); closes the invocation."""
-        if not self._open:
-            raise PrivacyContractError(
-                f"{self.mechanism.describe()}: the count of unclipped updates released "
-                "without its update sum (release() first)"
-            )
-        self._open = False
-        self.count += 1
+        self._complete(
+            self._open,
+            "the count of unclipped updates released without its update sum (release() first)",
+        )
         gen = self.streams.round(COUNT_NOISE_PURPOSE)
         draw = gaussian_like(torch.zeros(1, dtype=torch.float64), self.mechanism.count_stddev, gen)
         return float(draw[0])

@@ -210,6 +210,19 @@ class ClippedSumEngine(Protocol):
         ...
 
 
+def record_loss(
+    model: nn.Module, buffers: Mapping[str, torch.Tensor]
+) -> Callable[[Params, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """ℓ(params; x, y): the cross-entropy of one record (x, y) under `model` run
+    functionally with `params` and `buffers` (the function `grad` and `vmap` take)."""
+
+    def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, (params, buffers), (x.unsqueeze(0),))
+        return F.cross_entropy(logits, y.unsqueeze(0))
+
+    return sample_loss
+
+
 class PerSampleGradients:
     """Materialised per-sample gradients with `torch.func` (vmap of grad).
 
@@ -223,11 +236,7 @@ class PerSampleGradients:
         self.model = model
         self.max_chunk = max_chunk
         self.buffers = {n: b.detach() for n, b in model.named_buffers()}
-
-        def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = functional_call(model, (params, self.buffers), (x.unsqueeze(0),))
-            return F.cross_entropy(logits, y.unsqueeze(0))
-
+        sample_loss = record_loss(model, self.buffers)
         self._per_sample_grad = vmap(grad(sample_loss), in_dims=(None, 0, 0))
         # Only for loss-aware rules, so the plain path stays bit-identical.
         self._per_sample_grad_and_loss = vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0))

@@ -354,7 +354,24 @@ class LiveMechanism:
         self.count = 0
 
 
-class LiveSubsampledGaussian(LiveMechanism):
+class OpenInvocation:
+    """A live mechanism whose invocation is opened by one call and completed by another:
+    `_complete` closes the open invocation and counts it, or refuses."""
+
+    mechanism: Any
+    count: int
+    _open: bool
+
+    def _complete(self, allowed: bool, refusal: str) -> None:
+        """Closes and counts the open invocation; PrivacyContractError(`refusal`) if not
+        `allowed` (no invocation open, or one that may not be closed this way)."""
+        if not allowed:
+            raise PrivacyContractError(f"{self.mechanism.describe()}: {refusal}")
+        self._open = False
+        self.count += 1
+
+
+class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
     """A task's `SubsampledGaussian`: `sample` opens one invocation (a Poisson draw of
     the client's records); the one noisy release that follows it (`step_`, `gradient`,
     `noisy_sum`, `mean_loss`) completes it, and only completed invocations count in the
@@ -397,13 +414,11 @@ class LiveSubsampledGaussian(LiveMechanism):
     def skip_empty(self) -> None:
         """Completes an invocation whose Poisson batch was empty without a release
         (``normalizer="actual"`` skips such a step; it is charged all the same)."""
-        if not self._open or self._open_size != 0:
-            raise PrivacyContractError(
-                f"{self.mechanism.describe()}: only an open invocation with an empty batch "
-                "may be skipped; a non-empty batch must be released through the mechanism"
-            )
-        self._open = False
-        self.count += 1
+        self._complete(
+            self._open and self._open_size == 0,
+            "only an open invocation with an empty batch may be skipped; a non-empty batch "
+            "must be released through the mechanism",
+        )
 
     def count_vectorised_steps(self, steps: int) -> None:
         """For the client-vectorised DP-SGD engine (`raydpfl.privacy.multi_client`), which
@@ -412,13 +427,10 @@ class LiveSubsampledGaussian(LiveMechanism):
         self.count += int(steps)
 
     def _release(self) -> None:
-        if not self._open:
-            raise PrivacyContractError(
-                f"{self.mechanism.describe()}: a release without its own Poisson sample "
-                "(call sample() once per invocation)"
-            )
-        self._open = False
-        self.count += 1
+        self._complete(
+            self._open,
+            "a release without its own Poisson sample (call sample() once per invocation)",
+        )
 
     def step_(
         self,

@@ -172,7 +172,50 @@ def _check_cost(cost: object) -> PrivacyCost:
     return cost
 
 
-class PrivacyLedger:
+class LedgerSettings:
+    """What every ledger is set with (`PrivacyLedger`, the client-level ledger): its
+    accountant (one of `LEDGER_ACCOUNTANTS`), δ in (0, 1) and ε budget (finite > 0, or
+    None to record without enforcing), validated once here."""
+
+    def __init__(self, accountant: str, delta: float, epsilon_budget: float | None) -> None:
+        self._accountant = validate_ledger_accountant(accountant)
+        self._delta = validate_delta(delta)
+        if epsilon_budget is not None and not _is_budget(epsilon_budget):
+            raise ValueError(
+                f"epsilon_budget must be None or a finite real > 0, got {epsilon_budget!r}"
+            )
+        self._budget = None if epsilon_budget is None else float(epsilon_budget)
+
+    @property
+    def accountant(self) -> str:
+        """Accountant name."""
+        return self._accountant
+
+    @property
+    def delta(self) -> float:
+        """Per-unit delta (of units without their own budget)."""
+        return self._delta
+
+    @property
+    def epsilon_budget(self) -> float | None:
+        """Per-unit epsilon budget, or ``None`` (no enforcement), of units without
+        their own budget."""
+        return self._budget
+
+    def _repr(self, details: str) -> str:
+        return (
+            f"{type(self).__name__}(accountant={self._accountant!r}, delta={self._delta!r}, "
+            f"epsilon_budget={self._budget!r}, {details})"
+        )
+
+
+def json_sha256(data: Any) -> str:
+    """SHA-256 hex digest of the canonical JSON (sorted keys, no spaces) of `data`."""
+    payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+class PrivacyLedger(LedgerSettings):
     """Append-only record of privacy charges per client, with an optional budget.
 
     A charge is refused (``BudgetExceededError``, nothing recorded) iff the
@@ -199,13 +242,7 @@ class PrivacyLedger:
         epsilon_budget: float | None,
         client_budgets: Mapping[int, tuple[float, float]] | None = None,
     ) -> None:
-        self._accountant = validate_ledger_accountant(accountant)
-        self._delta = validate_delta(delta)
-        if epsilon_budget is not None and not _is_budget(epsilon_budget):
-            raise ValueError(
-                f"epsilon_budget must be None or a finite real > 0, got {epsilon_budget!r}"
-            )
-        self._budget = None if epsilon_budget is None else float(epsilon_budget)
+        super().__init__(accountant, delta, epsilon_budget)
         self._client_budgets: dict[int, tuple[float, float]] = {}
         for cid, pair in (client_budgets or {}).items():
             cid = _check_client_id(cid)
@@ -239,22 +276,6 @@ class PrivacyLedger:
         self._memo: dict[tuple[tuple[ExtendedEntry, ...], float], float] = {}
 
     # ------------------------------------------------------------------ props
-    @property
-    def accountant(self) -> str:
-        """Accountant name."""
-        return self._accountant
-
-    @property
-    def delta(self) -> float:
-        """Per-client delta (of clients without their own budget)."""
-        return self._delta
-
-    @property
-    def epsilon_budget(self) -> float | None:
-        """Per-client epsilon budget, or ``None`` (no enforcement), of clients without
-        their own budget."""
-        return self._budget
-
     @property
     def client_budgets(self) -> dict[int, tuple[float, float]]:
         """The heterogeneous ``{client_id: (epsilon_n, delta_n)}`` (a copy; may be empty)."""
@@ -492,15 +513,10 @@ class PrivacyLedger:
         data: Any = self._entries()
         if self._client_budgets:
             data = {"clients": data, "client_budgets": self.to_dict()["client_budgets"]}
-        payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        return json_sha256(data)
 
     def __repr__(self) -> str:
-        return (
-            f"PrivacyLedger(accountant={self._accountant!r}, delta={self._delta!r}, "
-            f"epsilon_budget={self._budget!r}, clients={len(self._node_of)}, "
-            f"charges={self._num_charges})"
-        )
+        return self._repr(f"clients={len(self._node_of)}, charges={self._num_charges}")
 
 
 def _zero_signs(cost: PrivacyCost) -> tuple[bool, ...]:

@@ -57,14 +57,15 @@ import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 
 from raydpfl.privacy.bookkeeping import SharedLayerError
-from raydpfl.privacy.dpsgd import Params, clip_weights, fill_gaussian_, uniform_draws
+from raydpfl.privacy.dpsgd import Params, clip_weights, fill_gaussian_, record_loss, uniform_draws
 
 #: Default bound on the bytes of per-sample gradients formed at once (and on the
 #: stacked per-client state of one chunk).
@@ -132,6 +133,16 @@ class MultiClientResult:
         }
 
 
+class _StepSettings(NamedTuple):
+    """`MultiClientDPSGD.run`'s step settings, as one chunk of clients receives them."""
+
+    local_steps: int
+    lr: float
+    sampling_rate: float
+    clip_norm: float
+    noise_multiplier: float
+
+
 class MultiClientDPSGD:
     """Vectorised DP-SGD local training of many clients of one resident model.
 
@@ -163,12 +174,7 @@ class MultiClientDPSGD:
         self.memory_budget_bytes = memory_budget_bytes
         self.max_clients = max_clients
         self.buffers = {n: b.detach() for n, b in model.named_buffers()}
-
-        def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = functional_call(model, (params, self.buffers), (x.unsqueeze(0),))
-            return F.cross_entropy(logits, y.unsqueeze(0))
-
-        per_sample = grad(sample_loss)
+        per_sample = grad(record_loss(model, self.buffers))
         # Shared parameters (first step): one vmap over the samples of all clients.
         self._shared = vmap(per_sample, in_dims=(None, 0, 0))
         # Stacked parameters: vmap over clients of vmap over that client's padded batch.
@@ -232,11 +238,7 @@ class MultiClientDPSGD:
                 y,
                 client_indices[s : s + chunk],
                 generators[s : s + chunk],
-                local_steps=local_steps,
-                lr=lr,
-                sampling_rate=sampling_rate,
-                clip_norm=clip_norm,
-                noise_multiplier=noise_multiplier,
+                _StepSettings(local_steps, lr, sampling_rate, clip_norm, noise_multiplier),
             )
             for s in range(0, len(client_indices), chunk)
         ]
@@ -269,13 +271,9 @@ class MultiClientDPSGD:
         y: torch.Tensor,
         client_indices: Sequence[torch.Tensor],
         generators: Sequence[torch.Generator],
-        *,
-        local_steps: int,
-        lr: float,
-        sampling_rate: float,
-        clip_norm: float,
-        noise_multiplier: float,
+        settings: _StepSettings,
     ) -> MultiClientResult:
+        local_steps, lr, sampling_rate, clip_norm, noise_multiplier = settings
         c = len(client_indices)
         ref = next(iter(params.values()))
         device, dtype = ref.device, ref.dtype

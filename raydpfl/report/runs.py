@@ -164,17 +164,20 @@ class Run:
 
     @property
     def delta(self) -> float | None:
-        value = self.summary.get("delta")
-        if value is None and self.private:
-            value = self._config_get("experiment", "privacy", "delta")
+        value = self._privacy_setting("delta")
         return float(value) if isinstance(value, (int, float)) else None
 
     @property
     def accountant(self) -> str | None:
-        value = self.summary.get("accountant")
-        if value is None and self.private:
-            value = self._config_get("experiment", "privacy", "accountant")
+        value = self._privacy_setting("accountant")
         return str(value) if value else None
+
+    def _privacy_setting(self, key: str) -> Any:
+        """The summary's `key`, else (private runs) the config's experiment.privacy.`key`."""
+        value = self.summary.get(key)
+        if value is None and self.private:
+            value = self._config_get("experiment", "privacy", key)
+        return value
 
     @property
     def rounds_completed(self) -> int:

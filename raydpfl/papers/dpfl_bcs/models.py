@@ -48,13 +48,28 @@ def _pooled(size: int, times: int) -> int:
     return size
 
 
-class BcsMnistCnn(nn.Module):
-    """The paper's 4,266-parameter MNIST CNN (two conv layers and one dense layer)."""
+class _FeaturesClassifier(nn.Module):
+    """A CNN in two parts, built by the subclass's `layers`: `features` (ending in a
+    flatten) then `classifier`."""
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
-        c, h, w = input_shape
-        self.features = nn.Sequential(
+        self.features, self.classifier = self.layers(*input_shape, num_classes)
+
+    @staticmethod
+    def layers(c: int, h: int, w: int, num_classes: int) -> tuple[nn.Module, nn.Module]:
+        raise NotImplementedError
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class BcsMnistCnn(_FeaturesClassifier):
+    """The paper's 4,266-parameter MNIST CNN (two conv layers and one dense layer)."""
+
+    @staticmethod
+    def layers(c: int, h: int, w: int, num_classes: int) -> tuple[nn.Module, nn.Module]:
+        features = nn.Sequential(
             nn.Conv2d(c, 4, 3, padding=1),
             nn.ReLU(),
             MaxPool2d(2),
@@ -63,19 +78,15 @@ class BcsMnistCnn(nn.Module):
             MaxPool2d(2),
             nn.Flatten(),
         )
-        self.classifier = nn.Linear(8 * _pooled(h, 2) * _pooled(w, 2), num_classes)
-
-    def forward(self, x):
-        return self.classifier(self.features(x))
+        return features, nn.Linear(8 * _pooled(h, 2) * _pooled(w, 2), num_classes)
 
 
-class BcsLeNet5(nn.Module):
+class BcsLeNet5(_FeaturesClassifier):
     """LeNet-5 (61,706 parameters on 1×28×28 inputs, 10 classes)."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
-        super().__init__()
-        c, h, w = input_shape
-        self.features = nn.Sequential(
+    @staticmethod
+    def layers(c: int, h: int, w: int, num_classes: int) -> tuple[nn.Module, nn.Module]:
+        features = nn.Sequential(
             nn.Conv2d(c, 6, 5, padding=2),
             nn.ReLU(),
             MaxPool2d(2),
@@ -85,25 +96,22 @@ class BcsLeNet5(nn.Module):
             nn.Flatten(),
         )
         flat = 16 * ((_pooled(h, 1) - 4) // 2) * ((_pooled(w, 1) - 4) // 2)
-        self.classifier = nn.Sequential(
+        classifier = nn.Sequential(
             nn.Linear(flat, 120),
             nn.ReLU(),
             nn.Linear(120, 84),
             nn.ReLU(),
             nn.Linear(84, num_classes),
         )
-
-    def forward(self, x):
-        return self.classifier(self.features(x))
+        return features, classifier
 
 
-class BcsFemnistCnn(nn.Module):
+class BcsFemnistCnn(_FeaturesClassifier):
     """The FEMNIST CNN reconstruction (67,026 parameters on 1×28×28 inputs, 62 classes)."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
-        super().__init__()
-        c, h, w = input_shape
-        self.features = nn.Sequential(
+    @staticmethod
+    def layers(c: int, h: int, w: int, num_classes: int) -> tuple[nn.Module, nn.Module]:
+        features = nn.Sequential(
             nn.Conv2d(c, 16, 5, padding=2),
             nn.GroupNorm(4, 16),
             nn.ReLU(),
@@ -114,16 +122,14 @@ class BcsFemnistCnn(nn.Module):
             MaxPool2d(2),
             nn.Flatten(),
         )
-        self.classifier = nn.Sequential(
+        classifier = nn.Sequential(
             nn.Linear(8 * _pooled(h, 2) * _pooled(w, 2), 128),
             nn.ReLU(),
             nn.Linear(128, 68),
             nn.ReLU(),
             nn.Linear(68, num_classes),
         )
-
-    def forward(self, x):
-        return self.classifier(self.features(x))
+        return features, classifier
 
 
 class _Block(nn.Module):

@@ -24,6 +24,7 @@ from raydpfl.privacy.accountants import (
     validate_accountant,
     validate_delta,
 )
+from raydpfl.privacy.calibration import bisect_safe_end
 
 __all__ = [
     "PAPER_RDP_ORDERS",
@@ -263,10 +264,4 @@ def two_stage_noise_multiplier(
         )
     if eps(lo) <= target:
         return lo
-    while hi - lo > precision:  # invariant: eps(lo) > target >= eps(hi)
-        mid = 0.5 * (lo + hi)
-        if eps(mid) <= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return bisect_safe_end(eps, target, lo, hi, precision)  # eps(lo) > target >= eps(hi)
