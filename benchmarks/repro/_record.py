@@ -82,8 +82,14 @@ def results_path() -> Path:
     return Path(env) if env else DEFAULT_RESULTS
 
 
+#: What recording itself writes: a run's own rows do not make its tree dirty (otherwise the
+#: second row of a batch from a clean worktree would be refused or marked +dirty).
+RECORD_OUTPUTS = ("benchmarks/repro/results.jsonl", "REPRODUCTION.md", "benchmarks/results")
+
+
 def git_commit() -> str:
-    """HEAD's short hash, with ``+dirty`` when tracked files differ from it."""
+    """HEAD's short hash, with ``+dirty`` when tracked files other than the record's own
+    outputs (`RECORD_OUTPUTS`) differ from it."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -93,7 +99,15 @@ def git_commit() -> str:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                *(f":(exclude){path}" for path in RECORD_OUTPUTS),
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,

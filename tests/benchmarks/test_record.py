@@ -281,3 +281,28 @@ def test_a_runner_refuses_to_record_from_an_uncommitted_tree(
 def test_every_recording_runner_checks_its_tree(runner):
     text = (REPRO / f"{runner}.py").read_text()
     assert "_record.add_record_args(p)" in text and "_record.check_tree(args)" in text
+
+
+def test_the_records_own_outputs_do_not_make_a_tree_dirty(rec, tmp_path, monkeypatch):
+    """A batch of runs from a clean worktree records every row: the rows the first run
+    appended (and the regenerated REPRODUCTION.md) are not 'uncommitted changes', while an
+    edit to the code still is."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "benchmarks" / "repro").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "repro" / "results.jsonl").write_text("")
+    (tmp_path / "REPRODUCTION.md").write_text("")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.setattr(rec, "ROOT", tmp_path)
+
+    (tmp_path / "benchmarks" / "repro" / "results.jsonl").write_text("{}\n")
+    (tmp_path / "REPRODUCTION.md").write_text("table\n")
+    assert not rec.git_commit().endswith("+dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert rec.git_commit().endswith("+dirty")
