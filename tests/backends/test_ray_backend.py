@@ -218,7 +218,7 @@ def test_cnn_is_bit_identical_on_both_backends_whatever_the_callers_threads(ray_
 
 
 def test_ali_dpfl_with_its_mu_follow_ups_is_bit_identical_on_ray_and_local(ray_session):
-    from tests.algorithms.test_ali_dpfl import _ali_config
+    from tests.papers.ali_dpfl.test_ali_dpfl import _ali_config
 
     summaries = {}
     for backend in ("local", "ray"):
