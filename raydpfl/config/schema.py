@@ -41,15 +41,10 @@ def _check_name(kind: registry.Kind, name: str, builtins: tuple[str, ...], field
 def _check_options(
     kind: registry.Kind, name: str, options: Any, builtins: tuple[str, ...]
 ) -> None:
-    """`options` configures registered entries that declare an options dataclass; a core
-    built-in takes its settings from its own keys instead."""
-    takes = (
-        name not in builtins
-        and registry.is_registered(kind, name)
-        and registry.get(kind, name).options is not None
-    )
+    """`options` configures registered entries (their options dataclass checks them); a
+    core built-in takes its settings from its own keys instead."""
     _check(
-        not options or takes or name not in builtins,
+        not options or name not in builtins,
         "options",
         f"is for registered {kind}s; the built-in {name!r} takes its settings from its "
         "own keys and section",
@@ -65,8 +60,14 @@ def _entry_options(name: str) -> type | None:
     return registry.get("algorithm", name).options
 
 
-def _parse_options(cls: type, raw: Any, path: str) -> Any:
-    return from_mapping(cls, raw, path)
+def _option_sections(name: str) -> tuple[dict[str, type], str | None]:
+    """Every registered option section with its options dataclass, and the section of
+    algorithm `name` (None: it has none, or `name` is not registered)."""
+    sections = {
+        e.section: e.options for e in registry.entries("algorithm") if e.section is not None
+    }
+    chosen = registry.get("algorithm", name).section if _entry_options(name) else None
+    return sections, chosen  # type: ignore[return-value]
 
 
 def unread_sections(algorithm: Any) -> list[str]:
@@ -74,9 +75,7 @@ def unread_sections(algorithm: Any) -> list[str]:
     names does not read (`fold_sections` checks and drops them; `raydpfl validate` says so)."""
     if not isinstance(algorithm, Mapping):
         return []
-    name = algorithm.get("name", AlgorithmConfig.name)
-    chosen = registry.get("algorithm", name).section if _entry_options(name) else None
-    sections = {e.section for e in registry.entries("algorithm") if e.section is not None}
+    sections, chosen = _option_sections(algorithm.get("name", AlgorithmConfig.name))
     return [k for k in algorithm if k in sections and k != chosen]
 
 
@@ -92,18 +91,14 @@ def fold_sections(data: Any, path: str) -> Any:
     """
     if not isinstance(data, dict):
         return data
-    sections = {
-        e.section: e.options for e in registry.entries("algorithm") if e.section is not None
-    }
+    sections, chosen = _option_sections(data.get("name", AlgorithmConfig.name))
     present = [k for k in data if k in sections and k != "options"]
     if not present:
         return data
     data = dict(data)
-    name = data.get("name", AlgorithmConfig.name)
-    chosen = registry.get("algorithm", name).section if _entry_options(name) else None
     for key in present:
         raw = data.pop(key)
-        _parse_options(sections[key], raw, f"{path}.{key}" if path else key)
+        from_mapping(sections[key], raw, f"{path}.{key}" if path else key)
         if key != chosen or not raw:
             continue
         given = dict(data.get("options") or {})
@@ -481,7 +476,7 @@ class AlgorithmConfig:
     def typed_options(self) -> Any:
         """``options`` as the registered algorithm's options dataclass (None without one)."""
         cls = _entry_options(self.name)
-        return None if cls is None else _parse_options(cls, self.options, "options")
+        return None if cls is None else from_mapping(cls, self.options, "options")
 
     def __post_init__(self) -> None:
         _check_name("algorithm", self.name, BUILTIN_ALGORITHMS, "name")
@@ -490,7 +485,7 @@ class AlgorithmConfig:
         if cls is not None and registry.get("algorithm", self.name).builtin:
             # A shipped algorithm's options, resolved (defaults filled in) so that the
             # run's config.yaml says every setting it ran with.
-            parsed = _parse_options(cls, self.options, "options")
+            parsed = from_mapping(cls, self.options, "options")
             object.__setattr__(self, "options", dataclasses.asdict(parsed))
         _check(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         _check(self.clients_per_round >= 1, "clients_per_round", "must be >= 1")
