@@ -5,9 +5,10 @@ DP-FedAvg, one per seed paper: ``raydpfl.papers.<paper>.privacy_plan.plan_privac
 the config once and returns a `PrivacyPlan`: σ (given or calibrated), C, q, the budget and
 the accountant, what the budget affords (ALI-DPFL's R_c, FedFDP's rounds, ...), and the
 statement the run's summary makes. The builder then makes the algorithm *from the plan*:
-its mechanisms (`subsampled_gaussian`) and the ledger (`ledger`) come from the same
-object, so σ is decided once and the charge is the plan's. A builder re-mapping σ, C or q
-on its own is what this replaces.
+the σ, C and q its mechanisms are built with (the algorithm's tasks declare
+`SubsampledGaussian(σ, C, q)` of these; `subsampled_gaussian` is that mechanism) and the
+ledger (`ledger`) come from the same object, so σ is decided once and the charge is the
+plan's. A builder re-mapping σ, C or q on its own is what this replaces.
 """
 
 from __future__ import annotations
