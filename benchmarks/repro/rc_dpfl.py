@@ -4,6 +4,7 @@
     python benchmarks/repro/rc_dpfl.py --epsilons 10 5 2 --methods rc_dpfl o_cdpfl
     python benchmarks/repro/rc_dpfl.py --rounds 8 --samples-per-client 500 --lr 0.05
     python benchmarks/repro/rc_dpfl.py --report               # table from saved results
+    python benchmarks/repro/rc_dpfl.py --epsilons 5 --methods rc_dpfl --run-dir runs/rc  # resumable
 
 Every run is the preset `configs/rc_dpfl/fmnist_rotation/<method>_eps<ε>.yaml` (21 clients
 in clusters {3, 6, 6, 6}, cluster k rotated by k·90°, official train/test split shared out
@@ -195,6 +196,53 @@ def _reduce(cfg: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[st
     return cfg
 
 
+def _run_dir(args: argparse.Namespace, setting: str, method: str, eps: float, seed: int):
+    """The run's directory under ``--run-dir`` (None without it)."""
+    if args.run_dir is None:
+        return None
+    return Path(args.run_dir) / f"{setting}_{method}_eps{eps:g}_seed{seed}"
+
+
+def _open_run_dir(run_dir: Path | None, cfg: Any) -> tuple[Any, bool]:
+    """(the run's writer or None, whether it resumes an interrupted run).
+
+    A directory with a checkpoint and no summary is resumed (the engine verifies the
+    checkpoint and refuses a config that differs from the saved one); an empty or absent
+    one starts fresh with checkpoints every ``runtime.checkpoint_every`` rounds; a
+    finished one is refused (its row was written when it finished)."""
+    if run_dir is None:
+        return None, False
+    from raydpfl.config import dump_config
+    from raydpfl.experiment.build import check_resume
+    from raydpfl.simulation.outputs import RunWriter, prepare_run_dir
+
+    if (run_dir / "summary.json").exists():
+        raise SystemExit(f"{run_dir} is a finished run; remove it to run again")
+    if (run_dir / "config.yaml").exists():
+        check_resume(run_dir, cfg)
+        return RunWriter(run_dir), True
+    prepare_run_dir(run_dir)
+    writer = RunWriter(run_dir)
+    writer.write_config(dump_config(cfg))
+    return writer, False
+
+
+def _progress(method: str, eps: float):
+    """Prints every 10th round's row (time and test accuracy) as the run goes."""
+
+    def report(row: Any) -> None:
+        r = int(row["round"]) if "round" in row else None
+        if r is not None and r % 10 == 0:
+            acc = row.get("test_accuracy")
+            print(
+                f"  [{method} eps={eps:g}] round {r} ({row.get('wall_seconds', 0):.1f}s/round, "
+                f"test acc {acc})",
+                flush=True,
+            )
+
+    return report
+
+
 def _evaluate_final(exp: Any, server: Any, backend: Any) -> dict[str, np.ndarray]:
     """Per-client test accuracy (%) and train loss of each client's final model."""
     import torch
@@ -289,7 +337,10 @@ def run_one(setting: str, method: str, eps: float, seed: int, args: argparse.Nam
     t0 = time.time()
     exp = build_experiment(cfg)
     clusters = np.asarray(exp.dataset.clusters, dtype=np.int64)
-    server = make_server(exp)
+    run_dir = _run_dir(args, setting, method, eps, seed)
+    writer, resume = _open_run_dir(run_dir, cfg)
+    server = make_server(exp, writer, _progress(method, eps), resume=resume)
+    resumed_from = server.resumed_from  # the round the checkpoint had completed
     with make_local_backend(exp) as backend:
         summary = server.run(backend)
         final = _evaluate_final(exp, server, backend)
@@ -317,6 +368,7 @@ def run_one(setting: str, method: str, eps: float, seed: int, args: argparse.Nam
         "noise_multiplier": summary["privacy"]["noise_multiplier"],
         "gmm": {k: v for k, v in server.rows[0].items() if k.startswith(("gmm_", "cluster_"))},
         "wall_seconds": time.time() - t0,
+        "resumed_from_round": resumed_from,
         "paper_all_maj_min": PAPER_FMNIST.get(method, {}).get(int(eps))
         if setting == "fmnist_rotation"
         else None,
@@ -368,7 +420,13 @@ def record_rows(rec: dict, args: argparse.Namespace) -> None:
             dp=True,
             wall_s=rec["wall_seconds"],
             note="each client's final model on its own test split"
-            + (f"; reduced: {', '.join(changed)}" if changed else ""),
+            + (f"; reduced: {', '.join(changed)}" if changed else "")
+            + (
+                f"; resumed from its round-{rec['resumed_from_round']} checkpoint (wall_s is "
+                "the resumed part only)"
+                if rec.get("resumed_from_round")
+                else ""
+            ),
             extra={
                 k: rec[k]
                 for k in ("lr", "samples_per_client", "clustering_accuracy", "epsilon_max")
@@ -412,6 +470,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference-epochs", type=int, default=0, help="train θ* for F_acc/F_loss")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--out", default="rc_dpfl_repro.json", help="file in benchmarks/results/")
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="keep each run's outputs and checkpoints in DIR/<setting>_<method>_eps<ε>_seed<s>; "
+        "the same command resumes an interrupted run from its last checkpoint",
+    )
     _record.add_record_args(p)
     args = p.parse_args(argv)
     _record.check_tree(args)
