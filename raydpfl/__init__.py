@@ -39,6 +39,7 @@ _EXPORTS = {
     "ClientContext": "raydpfl.algorithms.base",
     "ClientData": "raydpfl.algorithms.base",
     "WeightedUpdateSum": "raydpfl.algorithms.base",
+    "ServerRound": "raydpfl.algorithms.base",
     "privacy_session": "raydpfl.algorithms.base",
     "dp_sgd_local_update": "raydpfl.algorithms.local_dp_sgd",
     "noisy_loss_query": "raydpfl.algorithms.local_dp_sgd",

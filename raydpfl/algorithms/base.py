@@ -18,7 +18,9 @@ goes back with the result and the server refuses one that differs from the charg
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -372,23 +374,36 @@ class Algorithm(abc.ABC):
         """One task per cohort member; `train_sizes[i]` = |D_i|."""
 
     def aggregate(
-        self, global_params: Params, tasks: Sequence[ClientTask], results: Sequence[ClientResult]
+        self,
+        global_params: Params,
+        tasks: Sequence[ClientTask],
+        results: Sequence[ClientResult],
+        server_round: ServerRound | None = None,
     ) -> Params:
         """The new global parameters from the results that arrived (non-linear algorithms).
 
-        The default sums the results in plan order and calls `aggregate_sum`.
+        `tasks` are the round's tasks whose results were due (charged and not dropped);
+        `results` the ones that arrived, in plan order. The server passes `server_round`
+        (round index, seeded streams, `ServerRound.emit` for the round's row) to an
+        override that takes that keyword; older overrides without it still work. The
+        default sums the results in plan order and calls `aggregate_sum`.
         """
         acc = WeightedUpdateSum()
         for r in results:
             acc.add(r.update, r.weight, r.metrics)
-        return self.aggregate_sum(global_params, tasks, acc)
+        return with_round(self.aggregate_sum, server_round)(global_params, tasks, acc)
 
     def aggregate_sum(
-        self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
+        self,
+        global_params: Params,
+        tasks: Sequence[ClientTask],
+        total: WeightedUpdateSum,
+        server_round: ServerRound | None = None,
     ) -> Params:
         """The new global parameters from the round's weighted sum (linear algorithms).
 
-        The default is FedAvg's step: w + Σ w_k Δ_k / Σ w_k; no result leaves w unchanged.
+        `server_round` as in `aggregate`. The default is FedAvg's step:
+        w + Σ w_k Δ_k / Σ w_k; no result leaves w unchanged.
         """
         mean = total.mean()
         if mean is None:
@@ -558,6 +573,38 @@ class UniformCohortAlgorithm(Algorithm):
 
     def select(self, round_idx: int, num_clients: int, rng: np.random.Generator) -> list[int]:
         return uniform_cohort(num_clients, self.clients_per_round, rng)
+
+
+@dataclass
+class ServerRound:
+    """What the server half knows of the round it is aggregating, handed to `aggregate` and
+    `aggregate_sum` when they take a ``server_round`` keyword.
+
+    ``index``: the 0-based round; ``seed``: the run seed. `rng` gives the round's seeded
+    numpy streams (`server_stream`: the same draws whatever the number or order of
+    workers); `emit` puts a number into the round's row (rounds.parquet) from where it is
+    computed, with no state to stash until `after_round`.
+    """
+
+    index: int
+    seed: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def rng(self, purpose: str) -> np.random.Generator:
+        """The stream of this round named by `purpose` (one name, one stream)."""
+        return server_stream(self.seed, self.index, purpose)
+
+    def emit(self, name: str, value: float) -> None:
+        """Adds ``name`` = `value` to the round's row (a later `emit` of a name replaces it)."""
+        self.metrics[name] = float(value)
+
+
+def with_round(hook: Callable[..., Any], server_round: ServerRound | None) -> Callable[..., Any]:
+    """`hook` (`Algorithm.aggregate` or `aggregate_sum`) with ``server_round`` bound when it
+    takes that keyword; an override written before the keyword existed is called without."""
+    if server_round is not None and "server_round" in inspect.signature(hook).parameters:
+        return functools.partial(hook, server_round=server_round)
+    return hook
 
 
 def server_stream(seed: int, round_idx: int, purpose: str) -> np.random.Generator:

@@ -41,6 +41,8 @@ class CohortAveraging(ServerOptimizerMixin, UniformCohortAlgorithm):
     ``server_optimizer``, ``server_lr``, ``server_momentum``, ``server_beta2``,
     ``server_adam_eps``: the server's step on the weighted mean update
     (`raydpfl.algorithms.server_optimizers.server_step`); ``sgd`` at 1.0 is plain θ + Δ̄.
+    ``aggregator`` ``median`` or ``trimmed_mean`` (with ``trim_fraction``) takes the step
+    on that robust combination of the updates instead (`raydpfl.algorithms.aggregators`).
     Subclasses add their task's own fields (`task_fields`).
     """
 
@@ -57,12 +59,20 @@ class CohortAveraging(ServerOptimizerMixin, UniformCohortAlgorithm):
         server_momentum: float = 0.9,
         server_beta2: float = 0.99,
         server_adam_eps: float = 1e-3,
+        aggregator: str = "mean",
+        trim_fraction: float = 0.1,
     ) -> None:
         self.clients_per_round = clients_per_round
         self.local_steps = local_steps
         self.lr = lr
         self._set_server_optimizer(
-            server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
+            server_optimizer,
+            server_lr,
+            server_momentum,
+            server_beta2,
+            server_adam_eps,
+            aggregator=aggregator,
+            trim_fraction=trim_fraction,
         )
 
     def task_fields(self) -> dict[str, Any]:

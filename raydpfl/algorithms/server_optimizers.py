@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from raydpfl.algorithms.aggregators import AGGREGATORS, robust_update
+from raydpfl.algorithms.base import WeightedUpdateSum, with_round
 from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
 
 __all__ = ["SERVER_OPTIMIZERS", "ServerOptimizer", "ServerOptimizerMixin", "server_step"]
@@ -163,24 +165,71 @@ class ServerOptimizerMixin:
     """
 
     server_opt: ClassVar[ServerOptimizer | None] = None
+    #: How the round's updates are combined before the step (`raydpfl.algorithms.aggregators`):
+    #: ``mean`` (weighted, linear: workers may sum), ``median`` or ``trimmed_mean``.
+    aggregator: ClassVar[str] = "mean"
+    trim_fraction: ClassVar[float] = 0.1
 
-    def _set_server_optimizer(self, *settings: Any) -> None:
-        """`settings`: `ServerOptimizer`'s (optimizer, lr, momentum, beta2, eps)."""
+    def _set_server_optimizer(
+        self, *settings: Any, aggregator: str = "mean", trim_fraction: float = 0.1
+    ) -> None:
+        """`settings`: `ServerOptimizer`'s (optimizer, lr, momentum, beta2, eps); a robust
+        `aggregator` makes the algorithm non-linear (the server needs every update)."""
         opt = ServerOptimizer(*settings)
         if not opt.plain:
             self.server_opt = opt  # type: ignore[misc]
+        if aggregator not in AGGREGATORS:
+            raise ValueError(
+                f"aggregator must be one of {', '.join(AGGREGATORS)}, got {aggregator!r}"
+            )
+        if not 0 <= trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction must be in [0, 0.5), got {trim_fraction}")
+        if aggregator != "mean":
+            self.aggregator = aggregator  # type: ignore[misc]
+            self.trim_fraction = float(trim_fraction)  # type: ignore[misc]
+            self.linear_aggregation = False  # type: ignore[misc]
 
-    def aggregate_sum(self, global_params, tasks, total):  # type: ignore[no-untyped-def]
+    def aggregate(self, global_params, tasks, results, server_round=None):  # type: ignore[no-untyped-def]
+        """With a robust aggregator: the server step on Δ = median or trimmed mean of the
+        arrived updates (unweighted), emitting ``robust_shift`` = ‖Δ − Δ̄‖₂, its distance
+        from the weighted mean; otherwise the base class's sum and `aggregate_sum`."""
+        if self.aggregator == "mean":
+            aggregate = super().aggregate  # type: ignore[misc]
+            return with_round(aggregate, server_round)(global_params, tasks, results)
+        if not results:
+            return {n: t.clone() for n, t in global_params.items()}
+        updates = [
+            {n: r.update[n].to(global_params[n].device) for n in global_params} for r in results
+        ]
+        robust = robust_update(self.aggregator, updates, self.trim_fraction)
+        if server_round is not None:
+            mean = WeightedUpdateSum()
+            for r, u in zip(results, updates, strict=True):
+                mean.add(u, r.weight)
+            mean_update = mean.mean()
+            assert mean_update is not None
+            shift = sum(float((robust[n] - mean_update[n]).pow(2).sum()) for n in robust)
+            server_round.emit("robust_shift", shift**0.5)
+        return self._step(global_params, robust)
+
+    def aggregate_sum(self, global_params, tasks, total, server_round=None):  # type: ignore[no-untyped-def]
         """θ + Δ̄ (plain, the base class's own step), or the server optimizer's step on
         Δ̄ = Σ w_k Δ_k / Σ w_k. A round without results leaves θ and the state unchanged."""
         opt = self.server_opt
         if opt is None:
-            return super().aggregate_sum(global_params, tasks, total)  # type: ignore[misc]
+            aggregate_sum = super().aggregate_sum  # type: ignore[misc]
+            return with_round(aggregate_sum, server_round)(global_params, tasks, total)
         mean = total.mean()
         if mean is None:
             return {n: t.clone() for n, t in global_params.items()}
-        mean = {n: mean[n].to(global_params[n].device) for n in global_params}
-        return opt.step(global_params, mean)
+        return self._step(global_params, mean)
+
+    def _step(self, global_params, update):  # type: ignore[no-untyped-def]
+        """θ + Δ, or the server optimizer's step on Δ (on the parameters' device)."""
+        update = {n: update[n].to(global_params[n].device) for n in global_params}
+        if self.server_opt is None:
+            return {n: global_params[n] + update[n] for n in global_params}
+        return self.server_opt.step(global_params, update)
 
     def tensor_state(self) -> dict[str, torch.Tensor]:
         opt = self.server_opt

@@ -426,10 +426,11 @@ def server_optimizer_algorithms() -> tuple[str, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerOptimizerConfig:
-    """The server's step on the round's weighted mean update Δ̄, for the algorithms whose
-    server applies one averaged update: fedavg, dp_fedavg, fedprox and dp_fedprox (other
-    algorithms refuse a setting other than the default; dp_fedavg_client has its own
-    options.server_*). Post-processing of the (noised) aggregate: no extra privacy cost."""
+    """The server's step on the round's combined update (by default the weighted mean Δ̄),
+    for the algorithms whose server applies one averaged update: fedavg, dp_fedavg,
+    fedprox and dp_fedprox (other algorithms refuse a setting other than the default;
+    dp_fedavg_client has its own options.server_*). Post-processing of the (noised)
+    aggregate or of record-level DP updates: no extra privacy cost."""
 
     # sgd: θ += lr·Δ (lr 1 = plain FedAvg); momentum: m = β m + Δ, θ += lr·m (FedAvgM);
     # adagrad/adam/yogi: FedAdagrad/FedAdam/FedYogi (Reddi et al. 2021) with
@@ -439,8 +440,23 @@ class ServerOptimizerConfig:
     momentum: float = 0.9  # β (momentum) or β1 (adagrad, adam, yogi), in [0, 1)
     beta2: float = 0.99  # β2 of adam and yogi, in [0, 1)
     adam_eps: float = 1e-3  # τ of adagrad, adam and yogi (their adaptivity), > 0
+    # How the round's updates are combined before the step: mean (weighted by |D_k|), or
+    # the unweighted coordinate-wise median or trimmed mean (Yin et al. 2018), robust to a
+    # few outlying updates; median and trimmed_mean need every update at the server.
+    aggregator: Literal["mean", "median", "trimmed_mean"] = "mean"
+    trim_fraction: float = 0.1  # β of trimmed_mean: ⌊β·m⌋ values cut at each end, in [0, 0.5)
 
     def __post_init__(self) -> None:
+        _check(
+            self.aggregator in ("mean", "median", "trimmed_mean"),
+            "aggregator",
+            f"must be mean, median or trimmed_mean, got {self.aggregator!r}",
+        )
+        _check(
+            0 <= self.trim_fraction < 0.5,
+            "trim_fraction",
+            f"must be in [0, 0.5), got {self.trim_fraction}",
+        )
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         _check(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
         _check(0 <= self.beta2 < 1, "beta2", f"must be in [0, 1), got {self.beta2}")
@@ -448,8 +464,8 @@ class ServerOptimizerConfig:
 
     @property
     def plain(self) -> bool:
-        """sgd at lr 1: θ + Δ̄, the algorithm's own step."""
-        return self.optimizer == "sgd" and self.lr == 1.0
+        """sgd at lr 1 on the mean: θ + Δ̄, the algorithm's own step."""
+        return self.optimizer == "sgd" and self.lr == 1.0 and self.aggregator == "mean"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -465,6 +481,9 @@ class AlgorithmConfig:
     eval_every: int = 1  # evaluate every k rounds (and always after the last)
     # Also score the global model on every client's test split (clients.parquet).
     evaluate_clients: bool = True
+    # Client dropout after charge: each charged client's update is lost with this
+    # probability (drawn per round from the run seed); its charge stands.
+    dropout: float = 0.0
     server: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     # Options of a registered algorithm (its options dataclass's fields; a seed paper's
     # may also be written under its section, e.g. ali_dpfl:); fedavg, dp_fedavg: empty.
@@ -493,6 +512,9 @@ class AlgorithmConfig:
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         _check(self.eval_every >= 1, "eval_every", "must be >= 1")
+        _check(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
+        if self.dropout:
+            self._check_dropout()
         if not self.server.plain:  # (the registry is asked only when it matters)
             takes = server_optimizer_algorithms()
             hint = (
@@ -506,6 +528,23 @@ class AlgorithmConfig:
                 f"is for {', '.join(takes)} (one averaged update per round), "
                 f"not {self.name!r}{hint}",
             )
+
+    def _check_dropout(self) -> None:
+        """Dropout needs a server that averages whatever arrives: the server-optimizer
+        algorithms, and client-level DP-FedAvg with central noise (with distributed noise
+        a lost client's noise share would be missing from the release)."""
+        takes = (*server_optimizer_algorithms(), "dp_fedavg_client")
+        _check(
+            self.name in takes,
+            "dropout",
+            f"is for {', '.join(takes)} (they average the updates that arrive), not {self.name!r}",
+        )
+        _check(
+            self.name != "dp_fedavg_client" or self.options.get("noise", "central") == "central",
+            "dropout",
+            "needs options.noise: central with dp_fedavg_client (with distributed noise a "
+            "dropped client's noise share would be missing from the release)",
+        )
 
 
 #: The smallest σ (`privacy.noise_multiplier`, the calculators' ``--sigma``) accepted.

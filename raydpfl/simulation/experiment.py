@@ -68,6 +68,7 @@ def make_server(
         metadata=exp.metadata,
         extra_unaccounted=tuple(exp.extra_unaccounted),
         checkpoint_every=exp.config.runtime.checkpoint_every,
+        dropout=algo.dropout,
     )
     server = Server(
         algorithm=exp.algorithm,

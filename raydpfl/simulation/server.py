@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
+from raydpfl.algorithms.base import (
+    Algorithm,
+    ClientResult,
+    ClientTask,
+    ServerRound,
+    WeightedUpdateSum,
+    with_round,
+)
 from raydpfl.privacy.client_level import POPULATION, ClientLevelLedger
 from raydpfl.privacy.client_level_mechanisms import (
     ROUND_SESSION_ATTR,
@@ -72,6 +79,8 @@ class ServerSettings:
     # Side releases the run makes beside the algorithm's own (e.g. client test metrics).
     extra_unaccounted: Sequence[str] = ()
     checkpoint_every: int | None = None  # rounds between checkpoints (needs a writer)
+    # Probability that a charged client's update never arrives (client dropout after charge).
+    dropout: float = 0.0
 
 
 class Server:
@@ -158,34 +167,20 @@ class Server:
         if not dispatched and refused and self._budget_exhausted(refused):
             self.stop_reason = "privacy budget exhausted for every client"
             return False
-        followups: list[ClientResult] = []
-        if self.algorithm.linear_aggregation:
-            groups = group_tasks(dispatched, self.train_sizes, self.settings.aggregation_groups)
-            partials = backend.run_groups(self.params, groups) if groups else []
-            total = WeightedUpdateSum.merged(partials)
-            _check_receipts(dispatched, total.receipts)
-            with self._round_session(round_idx):
-                self.params = self.algorithm.aggregate_sum(self.params, dispatched, total)
-            check_finite_model(self.params, round_idx, [t.client_id for t in dispatched])
-            trained, received, metrics = total.count, len(partials), total.metric_means()
-        else:
-            results = backend.run_tasks(self.params, dispatched) if dispatched else []
-            _check_receipts(dispatched, [(r.client_id, r.receipt) for r in results])
-            with self._round_session(round_idx):
-                self.params = self.algorithm.aggregate(self.params, dispatched, results)
-            check_finite_model(self.params, round_idx, [t.client_id for t in dispatched])
-            trained, received = len(results), len(results)
-            metrics = _mean_metrics([r.metrics for r in results])
-            extra = self.algorithm.followup_tasks(round_idx, dispatched, results, self.params)
-            # Follow-ups are charged like training tasks; a refused one is simply not run.
-            extra_sent, _ = self._charge(round_idx, extra)
-            if extra_sent:
-                followups = backend.run_tasks(self.params, extra_sent)
-                _check_receipts(extra_sent, [(r.client_id, r.receipt) for r in followups])
+        # Dropout after charge: a charged client's update may never arrive (its charge
+        # stands: the ledger bounds what it may have released).
+        arrived = self._survivors(round_idx, dispatched)
+        server_round = ServerRound(index=round_idx, seed=self.settings.run_seed)
+        trained, received, metrics, followups = self._train_and_aggregate(
+            backend, round_idx, arrived, server_round
+        )
         if self._logged.pop(round_idx, None):  # the interrupted run charged more
             raise _diverged(round_idx)
         row = self._round_row(round_idx, dispatched, refused, trained, received)
+        if self.settings.dropout:
+            row["clients_dropped"] = len(dispatched) - len(arrived)
         row.update(metrics)
+        row.update(server_round.metrics)
         row.update(self.algorithm.after_round(round_idx, row, followups))
         self._evaluate(backend, round_idx, row)
         row["wall_seconds"] = time.perf_counter() - t0
@@ -199,6 +194,56 @@ class Server:
         if self.on_round is not None:
             self.on_round(row)
         return True
+
+    def _survivors(self, round_idx: int, dispatched: list[ClientTask]) -> list[ClientTask]:
+        """The dispatched tasks whose results arrive: each is lost with probability
+        `ServerSettings.dropout`, drawn in plan order from the round's own stream (the same
+        clients drop however many workers run). A lost client is not run at all: its
+        update would be discarded, and no other draw depends on it."""
+        p = self.settings.dropout
+        if not p or not dispatched:
+            return dispatched
+        lost = numpy_rng(self.settings.run_seed, round_idx, SERVER, "dropout").random(
+            len(dispatched)
+        )
+        return [t for t, u in zip(dispatched, lost, strict=True) if u >= p]
+
+    def _train_and_aggregate(
+        self,
+        backend: Backend,
+        round_idx: int,
+        tasks: list[ClientTask],
+        server_round: ServerRound,
+    ) -> tuple[int, int, dict[str, float], list[ClientResult]]:
+        """Runs `tasks`, aggregates what comes back into `self.params` and runs the
+        algorithm's follow-ups; (clients trained, updates received, the results' mean
+        metrics, the follow-ups' results)."""
+        algo = self.algorithm
+        if algo.linear_aggregation:
+            groups = group_tasks(tasks, self.train_sizes, self.settings.aggregation_groups)
+            partials = backend.run_groups(self.params, groups) if groups else []
+            total = WeightedUpdateSum.merged(partials)
+            _check_receipts(tasks, total.receipts)
+            with self._round_session(round_idx):
+                self.params = with_round(algo.aggregate_sum, server_round)(
+                    self.params, tasks, total
+                )
+            check_finite_model(self.params, round_idx, [t.client_id for t in tasks])
+            return total.count, len(partials), total.metric_means(), []
+        results = backend.run_tasks(self.params, tasks) if tasks else []
+        _check_receipts(tasks, [(r.client_id, r.receipt) for r in results])
+        with self._round_session(round_idx):
+            self.params = with_round(algo.aggregate, server_round)(self.params, tasks, results)
+        check_finite_model(self.params, round_idx, [t.client_id for t in tasks])
+        metrics = _mean_metrics([r.metrics for r in results])
+        followups: list[ClientResult] = []
+        extra = algo.followup_tasks(round_idx, tasks, results, self.params)
+        # Follow-ups are charged like training tasks; a refused one is simply not run.
+        extra_sent, _ = self._charge(round_idx, extra)
+        if extra_sent:
+            followups = backend.run_tasks(self.params, extra_sent)
+            _check_receipts(extra_sent, [(r.client_id, r.receipt) for r in followups])
+        return len(results), len(results), metrics, followups
 
     def _charge(
         self, round_idx: int, tasks: Sequence[ClientTask]

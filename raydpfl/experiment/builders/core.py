@@ -55,4 +55,6 @@ def server_optimizer_kwargs(config: Config) -> dict[str, Any]:
         "server_momentum": server.momentum,
         "server_beta2": server.beta2,
         "server_adam_eps": server.adam_eps,
+        "aggregator": server.aggregator,
+        "trim_fraction": server.trim_fraction,
     }

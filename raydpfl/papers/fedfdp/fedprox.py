@@ -32,7 +32,8 @@ class FedProx(ServerOptimizerMixin, PflBase):
     ``server_adam_eps``: the server's step on the weighted mean update
     (`raydpfl.algorithms.server_optimizers`: FedAvgM, FedAdagrad, FedAdam, FedYogi); for
     DP-FedProx it is post-processing of the noised updates, no extra privacy cost. The
-    default ``sgd`` at 1.0 is plain w ← w + Δ̄.
+    default ``sgd`` at 1.0 is plain w ← w + Δ̄. ``aggregator``, ``trim_fraction``: a robust
+    combination instead of the mean (`raydpfl.algorithms.aggregators`).
     """
 
     name = "fedprox"
@@ -47,12 +48,20 @@ class FedProx(ServerOptimizerMixin, PflBase):
         server_momentum: float = 0.9,
         server_beta2: float = 0.99,
         server_adam_eps: float = 1e-3,
+        aggregator: str = "mean",
+        trim_fraction: float = 0.1,
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.mu = mu
         self._set_server_optimizer(
-            server_optimizer, server_lr, server_momentum, server_beta2, server_adam_eps
+            server_optimizer,
+            server_lr,
+            server_momentum,
+            server_beta2,
+            server_adam_eps,
+            aggregator=aggregator,
+            trim_fraction=trim_fraction,
         )
 
     def local_update(
