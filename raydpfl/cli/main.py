@@ -475,6 +475,13 @@ def _nonneg_int(text: str) -> int:
     return value
 
 
+def _add_sigma(p: argparse.ArgumentParser, help_text: str) -> None:
+    """The required noise multiplier, --sigma or --noise-multiplier (record or client level)."""
+    p.add_argument(
+        "--sigma", "--noise-multiplier", dest="sigma", type=_sigma, required=True, help=help_text
+    )
+
+
 def _add_privacy_args(
     p: argparse.ArgumentParser, *, epsilon: bool = False, sigma: bool = False, steps: bool = False
 ) -> None:
@@ -483,14 +490,7 @@ def _add_privacy_args(
     if epsilon:
         p.add_argument("--epsilon", type=_positive_float, required=True, help="target epsilon")
     if sigma:
-        p.add_argument(
-            "--sigma",
-            "--noise-multiplier",
-            dest="sigma",
-            type=_sigma,
-            required=True,
-            help="noise multiplier (noise std / clip norm)",
-        )
+        _add_sigma(p, "noise multiplier (noise std / clip norm)")
     p.add_argument(
         "--q", "--sampling-rate", dest="q", type=_rate, required=True, help="Poisson sampling rate"
     )
@@ -517,14 +517,7 @@ def _add_client_level_args(
             "--epsilon", type=_positive_float, required=True, help="client-level target epsilon"
         )
     if sigma:
-        p.add_argument(
-            "--sigma",
-            "--noise-multiplier",
-            dest="sigma",
-            type=_sigma,
-            required=True,
-            help="noise multiplier: the aggregate's noise std over the update clip norm S",
-        )
+        _add_sigma(p, "noise multiplier: the aggregate's noise std over the update clip norm S")
     p.add_argument(
         "--population", type=_positive_int, required=True, help="N, the number of clients"
     )
