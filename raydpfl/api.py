@@ -34,8 +34,8 @@ import torch
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.callbacks import Callback
 from raydpfl.cli.ray_logs import quiet_ray
-from raydpfl.config.load import config_from_dict, dump_config, load_config
-from raydpfl.config.schema import Config, ConfigError
+from raydpfl.config.load import config_from_any, override_list
+from raydpfl.config.schema import Config
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.build import (
     build_experiment,
@@ -87,26 +87,10 @@ def to_config(
 ) -> Config:
     """The validated config tree from a `Config`, a plain mapping, a YAML path or None
     (all defaults), with dotted ``key=value`` overrides applied (as ``--set`` does)."""
-    if isinstance(overrides, str):
-        raise ConfigError("overrides", "must be a list of 'key=value' strings, not one string")
-    overrides = list(overrides)
-    if config is None:
-        return config_from_dict({}, overrides)
-    if isinstance(config, Config):
-        if not overrides:
-            return config
-        import yaml
-
-        return config_from_dict(yaml.safe_load(dump_config(config)), overrides)
-    if isinstance(config, Mapping):
-        return config_from_dict(config, overrides)
-    if isinstance(config, (str, Path)):
-        return load_config(config, overrides)
-    raise ConfigError(
-        "config",
-        "must be a raydpfl.config.Config, a mapping, a path to a YAML file or None, "
-        f"got {type(config).__name__}",
-    )
+    overrides = override_list(overrides)
+    if isinstance(config, Config) and not overrides:
+        return config  # already validated; nothing to apply
+    return config_from_any(config, overrides)
 
 
 def run_simulation(

@@ -42,7 +42,7 @@ from raydpfl.algorithms.fedavg import CohortAveraging
 
 # The client half is the shared DP-SGD loop; `DPFedAvg.local_update` looks the name up in
 # this module at call time (benchmarks/repro/accumulator_ablation.py replaces it here).
-from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
+from raydpfl.algorithms.local_dp_sgd import DPSGD_METRICS_RELEASE, Normalizer, dp_sgd_local_update
 from raydpfl.privacy import multi_client
 from raydpfl.privacy.kernel import SubsampledGaussian, uses
 
@@ -80,8 +80,7 @@ class DPFedAvg(CohortAveraging):
         return [
             "client_dataset_sizes (aggregation weights and DP-SGD denominators q*|D_i|)",
             # Diagnostics for the researcher; computed on training records, not privatised.
-            "client_training_metrics (mean realised Poisson batch size and clipped fraction, "
-            "averaged over the round's clients, in rounds.parquet)",
+            DPSGD_METRICS_RELEASE,
         ]
 
     def local_update(

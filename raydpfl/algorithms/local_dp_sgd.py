@@ -78,6 +78,8 @@ from raydpfl.privacy.kernel import LiveSubsampledGaussian, Mechanism, Subsampled
 from raydpfl.privacy.loss_query import LossPrecision, clip_losses, private_mean_loss
 
 __all__ = [
+    "ACTUAL_DIVISOR_RELEASE",
+    "DPSGD_METRICS_RELEASE",
     "Correction",
     "LastStepProbe",
     "LossPrecision",
@@ -94,6 +96,18 @@ __all__ = [
 
 #: The divisor of one step's noisy clipped sum (see the module docstring).
 Normalizer = Literal["expected", "actual", "fixed"]
+#: Unaccounted releases (an algorithm's `unaccounted_releases`) common to the algorithms
+#: that train with this module's loop: the step diagnostics averaged into rounds.parquet,
+#: and with ``normalizer="actual"`` the realised batch size as each step's divisor.
+DPSGD_METRICS_RELEASE = (
+    "client_training_metrics (mean realised Poisson batch size and clipped fraction, "
+    "averaged over the round's clients, in rounds.parquet)"
+)
+ACTUAL_DIVISOR_RELEASE = (
+    "dpsgd_actual_batch_divisor (normalizer=actual divides each noisy step by the "
+    "realised Poisson batch size, a data-dependent quantity the sampled Gaussian "
+    "accounting does not cover)"
+)
 #: A client-side gradient correction: (current params, start params, payload) → term, or
 #: None for no term this step. Evaluated at each step's start point; draws no randomness.
 Correction = Callable[[Params, Params, Mapping[str, torch.Tensor]], Params | None]

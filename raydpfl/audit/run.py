@@ -69,7 +69,7 @@ from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.algorithms.multi_model import model_params
 from raydpfl.audit import canaries as cn
 from raydpfl.audit.bound import correct_guesses, epsilon_lower_bound
-from raydpfl.config.load import config_from_dict, dump_config, load_config
+from raydpfl.config.load import config_from_any, override_list
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.experiment.build import (
     build_experiment,
@@ -234,8 +234,12 @@ def audit(
     _check_args(canaries, mode, confidence, k_plus, k_minus, score)
     m = int(canaries)
     k_plus, k_minus = _guesses(m, k_plus, k_minus)
-    overrides = [*_as_list(overrides), "runtime.backend=local", "runtime.checkpoint_every=null"]
-    cfg = _to_config(config, overrides)
+    overrides = [
+        *override_list(overrides),
+        "runtime.backend=local",
+        "runtime.checkpoint_every=null",
+    ]
+    cfg = config_from_any(config, overrides)
     if run_dir is not None:
         check_run_dir_free(run_dir)
     check_callbacks_keep_files(cfg, (), run_dir_kept=run_dir is not None)
@@ -390,29 +394,6 @@ def _least_noise(algo: Any) -> float:
     if several is not None:
         return float(min(several)) if len(several) else 0.0
     return float(getattr(algo, "noise_multiplier", 0.0))
-
-
-def _as_list(overrides: Iterable[str]) -> list[str]:
-    if isinstance(overrides, str):
-        raise ConfigError("overrides", "must be a list of 'key=value' strings, not one string")
-    return list(overrides)
-
-
-def _to_config(config: Any, overrides: list[str]) -> Config:
-    """As `raydpfl.to_config` (which lives above this package)."""
-    if config is None or isinstance(config, Mapping):
-        return config_from_dict(dict(config or {}), overrides)
-    if isinstance(config, Config):
-        import yaml
-
-        return config_from_dict(yaml.safe_load(dump_config(config)), overrides)
-    if isinstance(config, (str, Path)):
-        return load_config(config, overrides)
-    raise ConfigError(
-        "config",
-        "must be a raydpfl.config.Config, a mapping, a path to a YAML "
-        f"file or None, got {type(config).__name__}",
-    )
 
 
 # ---- record level ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from raydpfl.cli.progress import Progress
 from raydpfl.cli.ray_logs import quiet_ray
+from raydpfl.config import as_config_error
 from raydpfl.config.schema import ConfigError
 from raydpfl.simulation.backend import RoundTimeoutError, ServerLostError, WorkerLostError
 
@@ -474,6 +475,13 @@ def _nonneg_int(text: str) -> int:
     return value
 
 
+def _add_sigma(p: argparse.ArgumentParser, help_text: str) -> None:
+    """The required noise multiplier, --sigma or --noise-multiplier (record or client level)."""
+    p.add_argument(
+        "--sigma", "--noise-multiplier", dest="sigma", type=_sigma, required=True, help=help_text
+    )
+
+
 def _add_privacy_args(
     p: argparse.ArgumentParser, *, epsilon: bool = False, sigma: bool = False, steps: bool = False
 ) -> None:
@@ -482,14 +490,7 @@ def _add_privacy_args(
     if epsilon:
         p.add_argument("--epsilon", type=_positive_float, required=True, help="target epsilon")
     if sigma:
-        p.add_argument(
-            "--sigma",
-            "--noise-multiplier",
-            dest="sigma",
-            type=_sigma,
-            required=True,
-            help="noise multiplier (noise std / clip norm)",
-        )
+        _add_sigma(p, "noise multiplier (noise std / clip norm)")
     p.add_argument(
         "--q", "--sampling-rate", dest="q", type=_rate, required=True, help="Poisson sampling rate"
     )
@@ -516,14 +517,7 @@ def _add_client_level_args(
             "--epsilon", type=_positive_float, required=True, help="client-level target epsilon"
         )
     if sigma:
-        p.add_argument(
-            "--sigma",
-            "--noise-multiplier",
-            dest="sigma",
-            type=_sigma,
-            required=True,
-            help="noise multiplier: the aggregate's noise std over the update clip norm S",
-        )
+        _add_sigma(p, "noise multiplier: the aggregate's noise std over the update clip norm S")
     p.add_argument(
         "--population", type=_positive_int, required=True, help="N, the number of clients"
     )
@@ -575,10 +569,8 @@ def _client_round(args: argparse.Namespace, sigma: float = 0.0):
         cost = ClientLevelCost(
             sigma, args.sampling, args.population, cohort_size=args.cohort, tree_rounds=tree
         )
-    try:
+    with as_config_error("--accountant"):
         check_client_level_accountant(args.accountant, args.sampling)
-    except ValueError as e:
-        raise ConfigError("--accountant", str(e)) from None
     return cost
 
 
@@ -738,10 +730,8 @@ def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
 def _cmd_privacy_noise(args: argparse.Namespace) -> int:
     from raydpfl.privacy.calibration import noise_multiplier_for
 
-    try:
+    with as_config_error(""):
         sigma = noise_multiplier_for(args.epsilon, args.delta, args.q, args.steps, args.accountant)
-    except ValueError as e:
-        raise ConfigError("", str(e)) from None
     print(
         f"noise_multiplier = {sigma:.6g}  (epsilon<={args.epsilon}, q={args.q}, "
         f"steps={args.steps}, delta={args.delta:g}, accountant={args.accountant})"
@@ -752,7 +742,7 @@ def _cmd_privacy_noise(args: argparse.Namespace) -> int:
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
     from raydpfl.privacy.step_budget import iteration_budget
 
-    try:
+    with as_config_error(""):
         steps = iteration_budget(
             args.epsilon,
             args.delta,
@@ -761,8 +751,6 @@ def _cmd_privacy_steps(args: argparse.Namespace) -> int:
             mode=args.mode,
             accountant=args.accountant,
         )
-    except ValueError as e:
-        raise ConfigError("", str(e)) from None
     how = (
         "ALI-DPFL paper_compat: classic conversion, may exceed epsilon by <= 0.01"
         if args.mode == "paper_compat"
@@ -793,12 +781,10 @@ def _cmd_privacy_client_noise(args: argparse.Namespace) -> int:
     if args.rounds == 0:
         sigma = 0.0
     else:
-        try:
+        with as_config_error(""):
             sigma = client_level_noise_multiplier(
                 args.epsilon, args.delta, cost, args.rounds, args.accountant
             )
-        except ValueError as e:
-            raise ConfigError("", str(e)) from None
     print(
         f"noise_multiplier = {sigma:.6g}  (epsilon<={args.epsilon}, rounds={args.rounds}, "
         f"{_client_words(args)})"

@@ -145,6 +145,30 @@ def config_from_dict(raw: Any, overrides: Iterable[str] = ()) -> Config:
     return from_mapping(Config, data, "")
 
 
+def override_list(overrides: Iterable[str]) -> list[str]:
+    """`overrides` as a list, refusing one bare string (it would be read letter by letter)."""
+    if isinstance(overrides, str):
+        raise ConfigError("overrides", "must be a list of 'key=value' strings, not one string")
+    return list(overrides)
+
+
+def config_from_any(config: Any, overrides: list[str]) -> Config:
+    """The validated tree from a `Config`, a plain mapping, a YAML path or None (all
+    defaults), with dotted overrides applied. A `Config` always goes through its dump,
+    so the result is a new tree even without overrides."""
+    if config is None or isinstance(config, Mapping):
+        return config_from_dict(dict(config or {}), overrides)
+    if isinstance(config, Config):
+        return config_from_dict(yaml.safe_load(dump_config(config)), overrides)
+    if isinstance(config, (str, Path)):
+        return load_config(config, overrides)
+    raise ConfigError(
+        "config",
+        "must be a raydpfl.config.Config, a mapping, a path to a YAML file or None, "
+        f"got {type(config).__name__}",
+    )
+
+
 def apply_override(data: dict[str, Any], item: str) -> None:
     """Applies one ``dotted.key=value`` override in place; the value is parsed as YAML.
 

@@ -173,10 +173,11 @@ def test_only_the_probe_depends_on_which_canaries_are_in(tmp_path):
     # Null-record canaries: with all in or all out, FedFDP (loss-aware clipping, noisy
     # loss upload, |D_i|-weighted mean) ends with the same model bit for bit off the probe.
     from raydpfl.audit import run as audit_run
+    from raydpfl.config.load import config_from_any
     from raydpfl.experiment.build import build_experiment, run_experiment
     from raydpfl.simulation.outputs import prepare_run_dir
 
-    cfg = audit_run._to_config(_config("fedfdp"), ["runtime.checkpoint_every=null"])
+    cfg = config_from_any(_config("fedfdp"), ["runtime.checkpoint_every=null"])
     base = build_experiment(cfg)
     owners = np.arange(20) % base.dataset.num_clients
     finals = []

@@ -52,14 +52,8 @@ def build(context: Any) -> DPFedAvgClientLevel:
         k = None
     else:
         q, k = None, algo.clients_per_round
-        if k > n:
-            raise ConfigError(
-                "experiment.algorithm.clients_per_round",
-                f"the cohort K={k} is larger than the population of {n} clients",
-            )
-    with as_config_error("experiment.privacy.accountant"):
-        check_client_level_accountant(privacy.accountant, opts.sampling)
-    check_population_delta(privacy.delta, n)
+        _check_cohort(k, n)
+    _check_client_level_privacy(privacy, opts.sampling, n)
     plan = plan_client_level(context, ClientLevelCost(0.0, opts.sampling, n, q, k, 1), clip)
     try:
         algorithm = DPFedAvgClientLevel(
@@ -100,15 +94,9 @@ def build_ftrl(context: Any) -> DPFTRLClientLevel:
     opts: DPFTRLOptions = context.options or DPFTRLOptions()
     n = int(context.dataset.num_clients)
     k = algo.clients_per_round
-    if k > n:
-        raise ConfigError(
-            "experiment.algorithm.clients_per_round",
-            f"the cohort K={k} is larger than the population of {n} clients",
-        )
+    _check_cohort(k, n)
     clip = opts.update_clip_norm if opts.update_clip_norm is not None else privacy.clip_norm
-    with as_config_error("experiment.privacy.accountant"):
-        check_client_level_accountant(privacy.accountant, "tree")
-    check_population_delta(privacy.delta, n)
+    _check_client_level_privacy(privacy, "tree", n)
     plan = plan_client_level(context, ClientLevelCost(0.0, "tree", n, None, k, 1, n // k), clip)
     with as_config_error("experiment.algorithm.options"):
         algorithm = DPFTRLClientLevel(
@@ -153,6 +141,23 @@ def plan_client_level(context: Any, template: ClientLevelCost, clip: float) -> P
     )
 
 
+def _check_cohort(cohort: int, population: int) -> None:
+    """A cohort of K clients per round must fit in the population of N."""
+    if cohort > population:
+        raise ConfigError(
+            "experiment.algorithm.clients_per_round",
+            f"the cohort K={cohort} is larger than the population of {population} clients",
+        )
+
+
+def _check_client_level_privacy(privacy: PrivacyConfig, sampling: str, population: int) -> None:
+    """The privacy section fits a client-level run: the accountant takes this client
+    sampling, and δ < 1/N (what building the algorithm and opening its ledger both check)."""
+    with as_config_error("experiment.privacy.accountant"):
+        check_client_level_accountant(privacy.accountant, sampling)
+    check_population_delta(privacy.delta, population)
+
+
 def check_population_delta(delta: float, population: int) -> None:
     """δ must be below 1/N at the client level (one client's failure probability)."""
     if delta >= 1.0 / population:
@@ -181,9 +186,7 @@ def client_level_ledger(
             "experiment.data.num_clients",
             f"the algorithm was built for {cost.population} clients, the data has {n}",
         )
-    with as_config_error("experiment.privacy.accountant"):
-        check_client_level_accountant(privacy.accountant, cost.sampling)
-    check_population_delta(privacy.delta, n)
+    _check_client_level_privacy(privacy, cost.sampling, n)
     ledger = ClientLevelLedger(privacy.accountant, privacy.delta, privacy.epsilon, n)
     return ledger, client_level_metadata(algorithm, cost, privacy)
 

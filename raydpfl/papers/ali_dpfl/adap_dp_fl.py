@@ -88,7 +88,12 @@ from raydpfl.algorithms.base import (
     UniformCohortAlgorithm,
     trained_result,
 )
-from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update, noisy_loss_query
+from raydpfl.algorithms.local_dp_sgd import (
+    ACTUAL_DIVISOR_RELEASE,
+    Normalizer,
+    dp_sgd_local_update,
+    noisy_loss_query,
+)
 from raydpfl.privacy.accountants import (
     HistoryEntry,
     compute_epsilon,
@@ -454,11 +459,7 @@ class AdapDpFl(UniformCohortAlgorithm):
                 "treated as public, not charged)"
             )
         if self.normalizer == "actual":
-            out.append(
-                "dpsgd_actual_batch_divisor (normalizer=actual divides each noisy step by the "
-                "realised Poisson batch size, a data-dependent quantity the sampled Gaussian "
-                "accounting does not cover)"
-            )
+            out.append(ACTUAL_DIVISOR_RELEASE)
         return out
 
     # ---- client half ---------------------------------------------------------------

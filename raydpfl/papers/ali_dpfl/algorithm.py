@@ -52,7 +52,7 @@ from raydpfl.algorithms.base import (
     Params,
     UniformCohortAlgorithm,
 )
-from raydpfl.algorithms.local_dp_sgd import Normalizer, dp_sgd_local_update
+from raydpfl.algorithms.local_dp_sgd import ACTUAL_DIVISOR_RELEASE, Normalizer, dp_sgd_local_update
 from raydpfl.papers.ali_dpfl.theory import TAU_MAX, round_tau, tau_star
 from raydpfl.privacy.kernel import SubsampledGaussian, uses
 
@@ -390,11 +390,7 @@ class AliDpfl(UniformCohortAlgorithm):
                 "step on that step's batch; not privatised)"
             )
         if self.normalizer == "actual":
-            out.append(
-                "dpsgd_actual_batch_divisor (normalizer=actual divides each noisy step by the "
-                "realised Poisson batch size, a data-dependent quantity the sampled Gaussian "
-                "accounting does not cover)"
-            )
+            out.append(ACTUAL_DIVISOR_RELEASE)
         out.append(
             "client_training_metrics (mean realised Poisson batch size and clipped fraction, "
             "in rounds.parquet)"

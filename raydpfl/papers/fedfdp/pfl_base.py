@@ -37,7 +37,12 @@ from raydpfl.algorithms.base import (
     trained_result,
     uniform_cohort,
 )
-from raydpfl.algorithms.local_dp_sgd import Correction, dp_sgd_local_loop, per_sample_losses
+from raydpfl.algorithms.local_dp_sgd import (
+    DPSGD_METRICS_RELEASE,
+    Correction,
+    dp_sgd_local_loop,
+    per_sample_losses,
+)
 from raydpfl.algorithms.tensor_state import pack_client_tensors, pack_tensors, unpack_tensor_state
 from raydpfl.privacy.dpsgd import WeightRule
 from raydpfl.privacy.kernel import SubsampledGaussian, uses
@@ -251,10 +256,7 @@ class PflBase(Algorithm):
     def unaccounted_releases(self) -> list[str]:
         out = ["client_dataset_sizes (aggregation weights and DP-SGD denominators q*|D_i|)"]
         if self.is_private:
-            out.append(
-                "client_training_metrics (mean realised Poisson batch size and clipped "
-                "fraction, averaged over the round's clients, in rounds.parquet)"
-            )
+            out.append(DPSGD_METRICS_RELEASE)
         else:
             out.append("client_training_metrics (mean local training loss, in rounds.parquet)")
         return out

@@ -52,7 +52,7 @@ from raydpfl.algorithms.base import (
     privacy_session,
     server_stream,
 )
-from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_update
+from raydpfl.algorithms.local_dp_sgd import DPSGD_METRICS_RELEASE, dp_sgd_local_update
 from raydpfl.algorithms.multi_model import (
     ALL_MODELS,
     GLOBAL_MODEL,
@@ -274,8 +274,7 @@ class ClusteredDPFL(Algorithm):
     def unaccounted_releases(self) -> list[str]:
         return [
             "client_dataset_sizes (aggregation weights N_i and DP-SGD rates b/N_i)",
-            "client_training_metrics (mean realised Poisson batch size and clipped fraction, "
-            "averaged over the round's clients, in rounds.parquet)",
+            DPSGD_METRICS_RELEASE,
         ]
 
     # ---- client half ---------------------------------------------------------------

@@ -32,7 +32,11 @@ from raydpfl.algorithms.base import (
     Params,
     server_stream,
 )
-from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_loop, dp_sgd_local_update
+from raydpfl.algorithms.local_dp_sgd import (
+    DPSGD_METRICS_RELEASE,
+    dp_sgd_local_loop,
+    dp_sgd_local_update,
+)
 from raydpfl.algorithms.multi_model import GLOBAL_MODEL
 from raydpfl.papers.rc_dpfl.algorithm import (
     ClusteredDPFL,
@@ -91,8 +95,7 @@ class LocalDPSGD(OracleCDPFL):
 
     def unaccounted_releases(self) -> list[str]:
         return [
-            "client_training_metrics (mean realised Poisson batch size and clipped fraction, "
-            "averaged over the round's clients, in rounds.parquet)",
+            DPSGD_METRICS_RELEASE,
         ]
 
 
