@@ -143,6 +143,8 @@ class FederatedDataset:
             `federate(pool="all")` and `synthetic_federated`) the union of the
             clients' local test splits.
         y_test: int64 central test labels, aligned with `x_test`.
+        client_names: Each client's natural name (a FEMNIST writer, a Hugging Face
+            ``client_column`` value) under the "natural" partition; () otherwise.
     """
 
     name: str
@@ -154,6 +156,7 @@ class FederatedDataset:
     client_test: tuple[np.ndarray, ...] | IndexTable
     x_test: np.ndarray
     y_test: np.ndarray
+    client_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.client_train) != len(self.client_test):
@@ -163,6 +166,11 @@ class FederatedDataset:
             )
         if len(self.x) != len(self.y) or len(self.x_test) != len(self.y_test):
             raise ValueError("x/y and x_test/y_test must have matching lengths")
+        if self.client_names and len(self.client_names) != len(self.client_train):
+            raise ValueError(
+                f"client_names must have one name per client ({len(self.client_train)}), "
+                f"got {len(self.client_names)}"
+            )
 
     @property
     def num_clients(self) -> int:
@@ -290,7 +298,8 @@ def federate(
         sizes=(size_distribution, size_sigma, power_law_exponent),
     )
     train, test = split_train_test(parts, client_test_fraction, rng, rounding=split_rounding)
-    return _federated_dataset(dataset, x, y, train, test, pool)
+    names = _natural_names(dataset, pool, parts) if partition == "natural" else ()
+    return _federated_dataset(dataset, x, y, train, test, pool, names)
 
 
 def _check_federate_args(
@@ -370,6 +379,7 @@ def _federated_dataset(
     train: Sequence[np.ndarray],
     test: Sequence[np.ndarray],
     pool: str,
+    client_names: tuple[str, ...] = (),
 ) -> FederatedDataset:
     """The pool and the client splits, with the central test set: `dataset`'s own for
     pool="train"; for pool="all" (no held-out data left) the union of the client test
@@ -389,7 +399,19 @@ def _federated_dataset(
         client_test=tuple(test),
         x_test=x_test,
         y_test=y_test,
+        client_names=client_names,
     )
+
+
+def _natural_names(
+    dataset: ArrayDataset, pool: str, parts: Sequence[np.ndarray]
+) -> tuple[str, ...]:
+    """The natural name of each client of the "natural" partition (every record of a share
+    has the same id): ``dataset.client_names[id]``, or the id itself without names."""
+    ids = _natural_ids(dataset, pool)
+    owners = [int(ids[share[0]]) for share in parts]
+    names = dataset.client_names
+    return tuple(names[i] if i < len(names) else str(i) for i in owners)
 
 
 def _natural_ids(dataset: ArrayDataset, pool: str) -> np.ndarray:

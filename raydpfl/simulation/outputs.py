@@ -183,7 +183,10 @@ class RunWriter:
     def add_clients(self, rows: Mapping[str, list[Any]]) -> None:
         """Appends one evaluated round's per-client rows (merged into clients.parquet at
         `close`; until then each round is its own complete file, so a crash loses none)."""
-        table = pa.Table.from_pydict(dict(rows), schema=CLIENT_SCHEMA)
+        schema = CLIENT_SCHEMA
+        if "client_name" in rows:  # natural clients: dictionary-encoded in the merged file
+            schema = schema.append(pa.field("client_name", pa.string()))
+        table = pa.Table.from_pydict(dict(rows), schema=schema)
         parts = self.run_dir / CLIENT_PARTS
         parts.mkdir(exist_ok=True)
         round_no = int(rows["round"][0]) if len(rows["round"]) else 0

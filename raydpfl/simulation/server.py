@@ -81,6 +81,8 @@ class ServerSettings:
     checkpoint_every: int | None = None  # rounds between checkpoints (needs a writer)
     # Probability that a charged client's update never arrives (client dropout after charge).
     dropout: float = 0.0
+    # Each client's natural name (FEMNIST writer, HF client_column), for clients.parquet.
+    client_names: Sequence[str] = ()
 
 
 class Server:
@@ -129,6 +131,8 @@ class Server:
         self._logged: dict[int, list[list[Any]]] = {}  # charges of rounds being replayed
         self._log_position = 0  # lines of ledger_log.jsonl the ledger holds
         self._backend: Backend | None = None
+        self._clients_round: int | None = None  # the last round listed in clients.parquet
+        self._final_scored = False  # `_score_final_model` ran
         # Client-level runs: the population-level mechanisms the current round declared
         # (charged before dispatch, drawn through the round's session at aggregation).
         self._round_declared: tuple[MechanismUse, ...] | None = None
@@ -143,6 +147,7 @@ class Server:
             for round_idx in range(self.rounds_completed, self.settings.rounds):
                 if not self.run_round(backend, round_idx):
                     break
+            self._score_final_model()  # while the outputs are open (its clients rows)
         finally:
             self.close_outputs()
         return self.finish()
@@ -567,9 +572,16 @@ class Server:
         }
         return row
 
-    def _evaluate(self, backend: Backend, round_idx: int, row: dict[str, Any]) -> None:
-        # The last round is always scored, also when the algorithm ends the run early.
-        last = round_idx + 1 == self.settings.rounds or self.algorithm.stop_reason() is not None
+    def _evaluate(
+        self, backend: Backend, round_idx: int, row: dict[str, Any], final: bool = False
+    ) -> None:
+        # The last round is always scored, also when the algorithm ends the run early
+        # (`final`: the run stopped after this round, see `_score_final_model`).
+        last = (
+            final
+            or round_idx + 1 == self.settings.rounds
+            or self.algorithm.stop_reason() is not None
+        )
         if not (last or (round_idx + 1) % self.settings.eval_every == 0):
             return
         ids = list(range(self.num_clients))
@@ -604,6 +616,7 @@ class Server:
     def _write_clients(self, round_idx: int, per_client: Sequence[EvalResult] | None) -> None:
         """One clients.parquet row per client for this round: its ε and size, and its test
         figures when it was scored (`per_client`; None: NaN and 0 test records)."""
+        self._clients_round = round_idx
         if self.writer is None:
             return
         # Column arrays: the ε and size columns are the server's arrays as they are.
@@ -620,6 +633,7 @@ class Server:
                 "num_test_examples": np.zeros(n, dtype=np.int64)
                 if per_client is None
                 else [e.num_examples for e in per_client],
+                **({"client_name": list(names)} if (names := self.settings.client_names) else {}),
             }
         )
 
@@ -669,24 +683,28 @@ class Server:
 
     # ---- end of run -----------------------------------------------------------------
     def _score_final_model(self) -> None:
-        """Scores the final model on the central test set if its round was not evaluated
-        (a run that stopped early, e.g. every client's budget spent)."""
-        if not self.rows or np.isfinite(self.rows[-1]["test_accuracy"]):
+        """Scores the final model and lists every client's ε and size in clients.parquet
+        if its round was not (a run that stopped early, e.g. every client's budget spent,
+        ends on a round that `eval_every` skipped)."""
+        if not self.rows or self._final_scored:
             return
-        keys = self.algorithm.evaluation_model_keys(self.num_clients)
-        if keys is None:
-            central = (
-                self._backend.evaluate_central(self.params, self.test_set)
-                if self._backend is not None
-                else self.test_set.evaluate(self.params)
-            )
-        elif self._backend is not None:
-            ids = list(range(self.num_clients))
-            central = _pooled(self._backend.evaluate_clients(self.params, ids, keys))
+        self._final_scored = True
+        row = self.rows[-1]
+        round_idx = int(row["round"]) - 1
+        scored = bool(np.isfinite(row["test_accuracy"]))
+        if scored and self._clients_round == round_idx:
+            return
+        if scored:  # scored centrally, without per-client rows: list ε and sizes
+            self._write_clients(round_idx, None)
+            return
+        if self._backend is not None:
+            self._evaluate(self._backend, round_idx, row, final=True)
+        elif self.algorithm.evaluation_model_keys(self.num_clients) is None:
+            central = self.test_set.evaluate(self.params)
+            row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
+            self._write_clients(round_idx, None)
         else:
             return
-        row = self.rows[-1]
-        row["test_accuracy"], row["test_loss"] = central.accuracy, central.loss
         if self.writer is not None and not self._outputs_closed:
             self.writer.replace_last_round(row)
 

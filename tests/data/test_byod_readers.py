@@ -217,6 +217,40 @@ def test_femnist_natural_partition_gives_one_client_per_writer(tmp_path: Path) -
     assert sizes == [4, 4, 5]
     for part in fed.client_train:
         assert len(np.unique(ds.client_ids[part])) == 1
+    # each client is named by its writer, the one whose records it holds
+    assert fed.client_names == ("f0000_14", "f0001_02", "f0100_41")
+    for name, part in zip(fed.client_names, fed.client_train, strict=True):
+        assert {ds.client_names[i] for i in ds.client_ids[part]} == {name}
+
+
+def test_natural_client_names_reach_clients_parquet(tmp_path: Path) -> None:
+    """A run on a natural partition says which writer each client_id is."""
+    import pyarrow.parquet as pq
+
+    from raydpfl.api import run_simulation
+    from tests.conftest import small_config
+
+    _write_femnist(tmp_path)
+    fed = federate(
+        load_femnist(tmp_path),
+        num_clients=3,
+        partition="natural",
+        rng=np.random.default_rng(0),
+        client_test_fraction=0.0,
+    )
+    config = small_config(
+        experiment__algorithm={"name": "fedavg", "rounds": 1, "clients_per_round": 3,
+                               "local_steps": 1, "batch_size": 2},  # fmt: skip
+        experiment__model={"name": "mlp"},
+    )
+    run_simulation(config, dataset=fed, run_dir=tmp_path / "run")
+    table = pq.read_table(tmp_path / "run" / "clients.parquet").to_pandas()
+    assert dict(zip(table["client_id"], table["client_name"], strict=True)) == dict(
+        enumerate(fed.client_names)
+    )
+    plain = run_simulation(config, run_dir=tmp_path / "plain")  # no natural names: no column
+    assert "client_name" not in pq.read_table(tmp_path / "plain" / "clients.parquet").column_names
+    del plain
 
 
 @pytest.mark.parametrize(
