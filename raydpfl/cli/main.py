@@ -654,6 +654,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.config is None:
         raise ConfigError("config", "give a config file, or --resume RUN_DIR")
     config = _load(args)
+    unread = _unread_sections(args)
+    if unread:  # a preset for one algorithm run as another: say what it leaves out
+        print(
+            f"raydpfl: note: checked, not read by {config.experiment.algorithm.name} "
+            f"(another algorithm's options): {', '.join(unread)}",
+            file=sys.stderr,
+        )
     run_dir = (
         Path(args.out)
         if args.out

@@ -49,6 +49,18 @@ def test_validate_says_which_option_sections_the_algorithm_does_not_read(capsys)
     assert "experiment.algorithm.fedfdp" in out
 
 
+def test_run_says_which_option_sections_it_leaves_out_too(capsys, tmp_path):
+    argv = ["run", str(QUICKSTART), "--out", str(tmp_path / "run"), "--no-progress",
+            "--set", "runtime.backend=local", "--set", "algorithm.rounds=1",
+            "--set", "algorithm.fedfdp.lam=0.5"]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    note = "not read by dp_fedavg (another algorithm's options): experiment.algorithm.fedfdp"
+    assert note in err
+    assert main([*argv[:3], str(tmp_path / "plain"), *argv[4:-2]]) == 0  # nothing to say
+    assert "not read by" not in capsys.readouterr().err
+
+
 def test_validate_refuses_a_bad_value_in_another_algorithms_section(capsys):
     assert (
         main(["validate", str(QUICKSTART), "--no-data", "--set", "algorithm.fedfdp.lam=-1"]) == 2
