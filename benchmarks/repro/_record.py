@@ -29,7 +29,10 @@ Row fields (``ROW_FIELDS``; every row has all of them, ``None`` where not applic
 - ``variant``: ``""`` for the paper's configuration, otherwise what was changed (a study,
   an ablation);
 - ``commit``, ``command``, ``wall_s``, ``date`` (UTC), ``source`` (``run`` for a row written
-  by a runner; ``README (commit ...)`` for a number taken from the docs), ``note``,
+  by a runner of raydpfl's engine; ``authors' code`` for a row written by
+  ``authors_step.py``, the re-implementation of a paper's published code, shown beside
+  ours, never pooled with it; ``README (commit ...)`` for a number taken from the docs),
+  ``note``,
   ``extra`` (a dict of anything else the runner measured).
 """
 
@@ -74,6 +77,9 @@ ROW_FIELDS = (
     "extra",
 )
 REQUIRED = ("paper", "table", "dataset", "setting", "method", "ours", "metric", "dp")
+#: Sources of rows that a runner writes (commit, command and date are filled in):
+#: raydpfl's engine, and the re-implementation of a paper's published code.
+RUN_SOURCES = ("run", "authors' code")
 
 
 def results_path() -> Path:
@@ -194,7 +200,7 @@ def make_row(**fields: Any) -> dict[str, Any]:
         "extra": {},
     }
     row = {k: fields.get(k, defaults.get(k)) for k in ROW_FIELDS}
-    if row["source"] == "run":
+    if row["source"] in RUN_SOURCES:
         row["commit"] = row["commit"] or git_commit()
         row["command"] = row["command"] or command_line()
         row["date"] = row["date"] or utc_now()

@@ -12,8 +12,10 @@ ours − paper; every gap over ``gap_threshold`` points (3) carries the explanat
 matches it, linked to the experiment that shows it, or **unexplained**. Rows of one cell
 with the same schedule are pooled over seeds (mean ± sample std). A non-DP ablation (a
 published step that is not DP, ``dp: false``) is shown beside ours, labelled *not DP*;
-variants and studies (``variant`` set) get their own table; cells with no row at all are
-listed as never run. The output depends only on the two files, so it is deterministic.
+variants and studies (``variant`` set) get their own table; rows of a paper's published
+code re-implemented (``source: "authors' code"``, ``authors_step.py``) get theirs, beside
+the paper's number and ours, never pooled with ours; cells with no row at all are listed
+as never run. The output depends only on the two files, so it is deterministic.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ CELLS = HERE / "paper_cells.json"
 OUT = ROOT / "REPRODUCTION.md"
 KEY_FIELDS = ("paper", "table", "dataset", "setting", "method", "epsilon")
 PAPER_ORDER = ("ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl")
+#: The source of a row made by re-implementing a paper's published code.
+AUTHORS_SOURCE = "authors' code"
 
 
 def _eps(value: Any) -> float | None:
@@ -189,6 +193,42 @@ def tau_claim(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def authors_table(
+    authors: dict[tuple, list[dict[str, Any]]],
+    main: dict[tuple, list[dict[str, Any]]],
+    paper_of: dict[tuple, dict[str, Any]],
+) -> list[str]:
+    """The rows of a paper's published code re-implemented (``source: authors' code``,
+    `authors_step.py`), per cell and variant, beside the paper's number and our engine's
+    full-schedule rows of the same cell. Never pooled with ours, never counted as a run."""
+    out = [
+        "### The authors' published code, re-implemented",
+        "",
+        "Rows with `source: authors' code` (`benchmarks/repro/authors_step.py`: the authors' "
+        "public code re-implemented at the settings the spec infers; its differences from "
+        "our step are in `benchmarks/repro/notes/authors_step_differences.md`). They are "
+        "shown beside ours, not pooled with them.",
+        "",
+        "| table | setting | method | ε | variant | paper | authors' code | Δ | ours (same cell) "
+        "| rounds run of paper's |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k, v in sorted(authors.items(), key=lambda kv: (str(kv[0][:6]), kv[0][6])):
+        key = k[:6]
+        f = dict(zip(KEY_FIELDS, key, strict=True))
+        published = paper_of.get(key, {}).get("paper_value", v[0].get("paper_value"))
+        p = pool(v)
+        value = _ours(p) + ("" if all(r.get("dp", True) for r in v) else " (no DP)")
+        delta = "—" if published is None else f"{p['mean'] - float(published):+.2f}"
+        ours = main.get((*key, "full"))
+        out.append(
+            f"| {f['table']} | {_md(f['setting'])} | {f['method']} | {_fmt_eps(f['epsilon'])} "
+            f"| {_md(k[6]) or '—'} | {_fmt(published)} | {value} | {delta} "
+            f"| {_ours(pool(ours)) if ours else '—'} | {_schedule(v)} |"
+        )
+    return [*out, ""]
+
+
 def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
     threshold = float(doc.get("gap_threshold", 3.0))
     explanations = doc.get("explanations", [])
@@ -223,9 +263,12 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         main: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         notdp: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         variants: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        authors: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         for r in prow:
             key = cell_key(r)
-            if not r.get("dp", True) and r.get("variant"):
+            if r.get("source") == AUTHORS_SOURCE:
+                authors[(*key, r.get("variant") or "")].append(r)  # its own table
+            elif not r.get("dp", True) and r.get("variant"):
                 notdp[(*key, r["variant"])].append(r)  # a published step that is not DP
             elif r.get("variant"):
                 variants[(*key, r["variant"])].append(r)
@@ -320,6 +363,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 body.append("")
         else:
             body += ["No cell of this paper has been run with a published number to compare.", ""]
+        if authors:
+            body += authors_table(authors, main, paper_of)
         if nogap:
             body += [
                 "### Runs with no published number",
@@ -347,7 +392,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                     f"| {delta} | {_schedule(v)} |"
                 )
             body.append("")
-        claim = tau_claim(prow) if paper == "ali_dpfl" else []
+        ours_rows = [r for r in prow if r.get("source") != AUTHORS_SOURCE]
+        claim = tau_claim(ours_rows) if paper == "ali_dpfl" else []
         if claim:
             body += [
                 "### Adaptive τ* against every fixed τ (the paper's claim for R_s < R_c)",

@@ -126,6 +126,42 @@ def test_regenerated_table_has_delta_never_run_and_unexplained(rec, tmp_path):
     assert record.render(rec.load_rows(), DOC) == text  # deterministic
 
 
+def test_authors_code_rows_are_runs_shown_beside_ours_never_pooled(rec):
+    """A row of the authors' code re-implemented (authors_step.py) names its commit and
+    command like a run, gets its own table beside the paper's number and ours, and is
+    neither pooled with our rows nor counted as a run of the cell nor in the τ claim."""
+    record = _load("record")
+    row = rec.make_row(**_row(source="authors' code", commit=None, command=None))
+    assert row["commit"] and row["command"].startswith("python ") and row["date"]
+    authors = dict(source="authors' code", note="re-implemented")
+    rec.append_rows(
+        [
+            _row(seed=0, ours=60.0),
+            _row(seed=1, ours=62.0),
+            _row(seed=0, ours=79.0, **authors),
+            _row(seed=0, ours=81.0, dp=False, variant="sigma=0 (noise-free, clipped)",
+                 **authors),
+            _row(method="tau2", seed=0, ours=70.0, **authors),  # a cell we never ran
+        ]
+    )  # fmt: skip
+    text = record.render(rec.load_rows(), DOC)
+    lines = text.splitlines()
+    tau1 = next(line for line in lines if line.startswith("| V | dir0.05 | tau1 | 2 | 80.92"))
+    assert "61.00 ± 1.41 (n = 2)" in tau1  # ours alone
+    assert "### The authors' published code, re-implemented" in text
+    ours = "61.00 ± 1.41 (n = 2)"
+    assert f"| V | dir0.05 | tau1 | 2 | — | 80.92 | 79.00 (n = 1) | -1.92 | {ours} |" in text
+    assert (
+        "| V | dir0.05 | tau1 | 2 | sigma=0 (noise-free, clipped) | 80.92 | 81.00 (n = 1) "
+        "(no DP) | +0.08 | 61.00 ± 1.41 (n = 2) |"
+    ) in text
+    assert "| V | dir0.05 | tau2 | 2 | — | 82.15 | 70.00 (n = 1) | -12.15 | — |" in text
+    assert "- Table V, fashion_mnist, dir0.05, ε = 2: tau2, tau3, ali" in text  # still never run
+    summary = [line for line in lines if line.startswith("| ali_dpfl |")]
+    assert summary == ["| ali_dpfl | 4 | 1 | 1 | 1 | 3 |"]
+    assert "source: authors' code" in text  # how each number was made
+
+
 def test_tau_claim_compares_ali_with_the_best_fixed_tau(rec):
     record = _load("record")
     budget = "study: R_s = R_c·1/3 at eps = 1.55"
@@ -232,7 +268,7 @@ def test_the_committed_record_is_valid_and_regenerated():
     for row in rows:
         assert set(row) == set(rec.ROW_FIELDS)
         assert rec.make_row(**row) == row
-        if row["source"] != "run":
+        if row["source"] not in rec.RUN_SOURCES:
             assert row["source"].startswith("README (commit ")
     record = _load("record")
     assert record.main(["--check"]) == 0, "run python benchmarks/repro/record.py"
