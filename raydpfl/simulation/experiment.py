@@ -69,7 +69,7 @@ def make_server(
         extra_unaccounted=tuple(exp.extra_unaccounted),
         checkpoint_every=exp.config.runtime.checkpoint_every,
         dropout=algo.dropout,
-        client_names=tuple(getattr(exp.dataset, "client_names", ())),
+        client_names=exp.dataset.client_names,
     )
     server = Server(
         algorithm=exp.algorithm,

@@ -12,7 +12,7 @@ import pytest
 from tests.benchmarks.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-rc_runner = load_script("rc_dpfl_runner", ROOT / "benchmarks" / "repro" / "rc_dpfl.py")
+rc_runner = load_script("rc_dpfl", ROOT / "benchmarks" / "repro" / "rc_dpfl.py")
 
 pytestmark = pytest.mark.slow  # two short RC-DPFL runs on real Fashion-MNIST (~30 s)
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 REPRO = ROOT / "benchmarks" / "repro"
@@ -16,13 +16,8 @@ SPECS = ROOT.parent / "shared" / "specs"
 
 
 def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPRO / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """The runner module `name` under its own name (the runners `import _record`)."""
+    return load_script(name, REPRO / f"{name}.py")
 
 
 @pytest.fixture()
