@@ -3,6 +3,8 @@
     python benchmarks/repro/ali_dpfl.py --write-configs          # configs/ali_dpfl/**.yaml
     python benchmarks/repro/ali_dpfl.py --cells II:Rc/2 V:dir0.05 --methods ali tau1 tau3
     python benchmarks/repro/ali_dpfl.py --list                   # every cell and method
+    python benchmarks/repro/ali_dpfl.py --cells II:2Rc --methods tau1 --clip-norm 1
+    python benchmarks/repro/ali_dpfl.py --cells II:2Rc --methods tau1 --noise-free  # NOT DP
 
 Every cell runs the preset `configs/ali_dpfl/<dataset>/<cell>.yaml` (10 clients,
 Dir(0.05) with PFLlib's size cap on the pooled train+test data, 75/25 local splits,
@@ -17,13 +19,29 @@ round, A19), next to the paper's number, with the difference. Results go to
 benchmarks/results/ali_dpfl_repro.json (one entry per run, appended as runs finish) and,
 one row per run, to the reproduction record benchmarks/repro/results.jsonl (`_record.py`;
 `--no-record` skips it; `python benchmarks/repro/record.py` rebuilds REPRODUCTION.md).
+
+Two settings the paper leaves open or that explain its gap (issue 37, item 2):
+
+- ``--clip-norm C`` runs the cell at another clip norm with everything else kept (the same
+  σ, q, ε, R_c and learning rate). The paper never states C (spec A2); every per-sample
+  gradient is clipped in these runs, so C sets the step length. DP-valid at the same ε:
+  the sampled Gaussian's cost depends on σ and q only. Recorded with the variant
+  ``clip_norm = C``.
+- ``--noise-free`` is an ablation, NOT differentially private: the same pipeline (Poisson
+  sampling, per-sample clipping at C, divisor, schedule, evaluation) with the DP-SGD
+  step's noise set to zero, so the record shows where the clipped step alone plateaus.
+  It replaces the DP-SGD step's σ in-process (local backend, clients trained one at a
+  time); the ledger still charges the σ the task declares, so the printed ε is NOT
+  delivered. Recorded with ``dp: false`` and the variant ``noise-free (sigma = 0)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,8 +229,12 @@ def run_cell(
     probe: int | None,
     normalizer: str = "expected",
     mu_estimator: str = "paper",
+    clip_norm: float | None = None,
+    noise_free: bool = False,
 ) -> dict:
-    """Runs one method on one Fashion-MNIST cell; returns its record."""
+    """Runs one method on one Fashion-MNIST cell; returns its record. `clip_norm`
+    replaces the preset's C (DP-valid: the accountant's cost depends on σ and q only);
+    `noise_free` runs with the noise removed (NOT DP; see the module docstring)."""
     from raydpfl.experiment.build import build_experiment, run_experiment
 
     raw = yaml.safe_load(preset_path("fashion_mnist", cell).read_text())
@@ -230,17 +252,28 @@ def run_cell(
         # z calibrated so that min(R_s, ⌊R_c/3⌋) full-batch releases fit the budget.
         algo["rounds"] = min(r_s, r_c // tau)
         raw["experiment"]["privacy"]["noise_multiplier"] = None
+    if clip_norm is not None:
+        raw["experiment"]["privacy"]["clip_norm"] = clip_norm
     raw["runtime"].update(seed=seed, progress=False)
+    if noise_free:
+        # The client-vectorised engine draws its own noise: train one client at a time so
+        # every step goes through the patched kernel step.
+        raw["runtime"].update(backend="local", vectorise_clients="off")
     exp = build_experiment(config_from_dict(raw))
     t0 = time.perf_counter()
     taus: list[int] = []
-    summary = run_experiment(exp, None, on_round=lambda row: taus.append(int(row.get("tau", tau))))
+    with _without_noise(noise_free):
+        summary = run_experiment(
+            exp, None, on_round=lambda row: taus.append(int(row.get("tau", tau)))
+        )
     return {
         "cell": cell.key,
         "method": method,
         "seed": seed,
         "normalizer": normalizer,
         "mu_estimator": mu_estimator,
+        "clip_norm": raw["experiment"]["privacy"]["clip_norm"],
+        "noise_free": noise_free,
         "taus": taus,
         "eval_every": eval_every,
         "R_c": r_c,
@@ -256,6 +289,28 @@ def run_cell(
     }
 
 
+@contextlib.contextmanager
+def _without_noise(active: bool) -> Iterator[None]:
+    """While active, every DP-SGD step the privacy kernel takes has σ = 0 (the ablation
+    of `--noise-free`; NOT DP). Restores the kernel's step on exit."""
+    if not active:
+        yield
+        return
+    from raydpfl.privacy import kernel
+
+    real = kernel.dp_sgd_step_
+
+    def noise_free_step(*args: Any, **kwargs: Any):
+        kwargs["noise_multiplier"] = 0.0
+        return real(*args, **kwargs)
+
+    kernel.dp_sgd_step_ = noise_free_step
+    try:
+        yield
+    finally:
+        kernel.dp_sgd_step_ = real
+
+
 def record_row(rec: dict, args: argparse.Namespace) -> None:
     """Appends one run to the reproduction record (what it computed is unchanged)."""
     table_, setting = rec["cell"].split(":", 1)
@@ -268,6 +323,11 @@ def record_row(rec: dict, args: argparse.Namespace) -> None:
     shared, own = [], []
     if args.normalizer != "expected":
         shared.append(f"normalizer={args.normalizer}")
+    if getattr(args, "clip_norm", None) is not None:
+        shared.append(f"clip_norm = {args.clip_norm:g}")
+    noise_free = bool(getattr(args, "noise_free", False))
+    if noise_free:
+        shared.append("noise-free (sigma = 0)")
     if args.mu_probe_size is not None and name == "ali_dpfl":
         own.append(f"mu_probe_size = {args.mu_probe_size}")
     if getattr(args, "mu_estimator", "paper") != "paper" and name == "ali_dpfl":
@@ -287,13 +347,26 @@ def record_row(rec: dict, args: argparse.Namespace) -> None:
         rounds_run=rec["rounds"],
         rounds_paper=rounds_paper,
         schedule="full",
-        dp=True,
+        dp=not noise_free,
         variant=", ".join(variant),
         wall_s=rec["wall_seconds"],
-        note=f"best of rounds evaluated every {rec['eval_every']}; stop: {rec['stop_reason']}",
+        note=(
+            "NOT DP: the DP-SGD noise removed (ablation); the ledger's epsilon is not delivered; "
+            if noise_free
+            else ""
+        )
+        + f"best of rounds evaluated every {rec['eval_every']}; stop: {rec['stop_reason']}",
         extra={
             k: rec[k]
-            for k in ("final_accuracy", "iterations", "R_c", "R_s", "epsilon_ledger", "eval_every")
+            for k in (
+                "final_accuracy",
+                "iterations",
+                "R_c",
+                "R_s",
+                "epsilon_ledger",
+                "eval_every",
+                "clip_norm",
+            )
         }
         # ALI-DPFL's τ per round (the paper's Fig. 4 plots it); fixed-τ rows need none.
         | ({"taus": rec["taus"]} if name == "ali_dpfl" else {}),
@@ -337,8 +410,23 @@ def main(argv: list[str] | None = None) -> int:
         choices=["paper", "code_torch", "code_mindspore"],
         help="ALI-DPFL's mu (A9): the paper's estimate, or the authors' PyTorch/MindSpore code's",
     )
+    p.add_argument(
+        "--clip-norm",
+        type=float,
+        default=None,
+        help="the clip norm C (default: the preset's 0.1); DP-valid at the same epsilon",
+    )
+    p.add_argument(
+        "--noise-free",
+        action="store_true",
+        help="ablation, NOT DP: the same pipeline with the DP-SGD noise removed",
+    )
     _record.add_record_args(p)
     args = p.parse_args(argv)
+    if args.clip_norm is not None and not args.clip_norm > 0:
+        p.error(f"--clip-norm must be > 0, got {args.clip_norm}")
+    if args.noise_free and any(METHODS[m][0] != "dp_fedavg_fixed_tau" for m in args.methods):
+        p.error("--noise-free runs the fixed-tau baselines only (--methods tau1 tau2 ...)")
     _record.check_tree(args)
     if args.write_configs:
         for path in write_configs():
@@ -370,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                     args.mu_probe_size,
                     args.normalizer,
                     args.mu_estimator,
+                    args.clip_norm,
+                    args.noise_free,
                 )
                 records.append(rec)
                 _record.append_json(RESULTS, rec)
