@@ -208,7 +208,7 @@ def test_rows_are_checked_and_runners_append_them(rec):
             "cell": "V:dir0.05", "method": "tau3", "seed": 2, "eval_every": 5, "R_c": 317,
             "R_s": 106, "rounds": 105, "iterations": 315, "best_accuracy": 70.5,
             "final_accuracy": 69.0, "epsilon_ledger": 1.9, "stop_reason": "R_c",
-            "paper": 84.45, "wall_seconds": 12.0,
+            "paper": 84.45, "wall_seconds": 12.0, "clip_norm": 0.1,
         },
         argparse.Namespace(normalizer="expected", mu_probe_size=None),
     )  # fmt: skip
