@@ -16,6 +16,13 @@ variants and studies (``variant`` set) get their own table; rows of a paper's pu
 code re-implemented (``source: "authors' code"``, ``authors_step.py``) get theirs, beside
 the paper's number and ours, never pooled with ours; cells with no row at all are listed
 as never run. The output depends only on the two files, so it is deterministic.
+
+Provenance: every table names the commits its pooled rows were made at (``+dirty``: an
+uncommitted tree, which no commit reproduces), and marks with † a commit other than the
+record commit (``record_commit`` in paper_cells.json). The headline rows (``headlines``:
+the numbers README quotes) get a table of their own at the top: each pooled over its rows
+at the record commit only, or flagged as not yet re-run there, with where its numbers
+come from instead.
 """
 
 from __future__ import annotations
@@ -128,6 +135,90 @@ def _explanation_line(e: dict[str, Any]) -> str:
     return f"- *{e['id']}* ({e['status']}): {e['text']}.{link}"
 
 
+def _short(commit: Any) -> str:
+    return "unknown" if not commit else str(commit)
+
+
+def commits(rows: list[dict[str, Any]], record_commit: str | None) -> str:
+    """The commits `rows` were made at, with how many rows each, in first-seen order; a
+    commit other than `record_commit` is marked † (an unknown one too)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        c = _short(r.get("commit"))
+        counts[c] = counts.get(c, 0) + 1
+    return ", ".join(
+        f"{c}{'' if record_commit and c == record_commit else ' †'} ({n})"
+        for c, n in counts.items()
+    )
+
+
+def _headline_rows(h: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows a headline names: its cell (``match``), its ``variant`` (default none),
+    ``source`` (default our runs; ``*`` any) and ``dp`` (default True)."""
+    want_variant = h.get("variant", "")
+    want_source = h.get("source", "run")
+    want_dp = h.get("dp", True)
+    out = []
+    for r in rows:
+        if not _matches(h["match"], cell_key(r)):
+            continue
+        if (r.get("variant") or "") != want_variant or r.get("dp", True) != want_dp:
+            continue
+        if want_source != "*" and (r.get("source") or "run") != want_source:
+            continue
+        out.append(r)
+    return out
+
+
+def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]:
+    """The numbers README quotes, each pooled over its rows at the record commit, or
+    flagged with where its rows come from when it has none there."""
+    record_commit = doc.get("record_commit")
+    headlines = doc.get("headlines", [])
+    if not headlines:
+        return []
+    paper_of = {cell_key(c): c for c in doc["cells"]}
+    out = [
+        f"## Headline rows at one commit ({record_commit})",
+        "",
+        f"The numbers README quotes, re-run at commit `{record_commit}`: check it out and "
+        "rerun the command to get the same rows. Each is pooled over its rows made at that "
+        "commit only (mean ± sample std over seeds). A headline not yet re-run there is "
+        "flagged, with its number pooled over the rows made elsewhere and their commits "
+        "(re-run at the record commit as time allows: some cost hours on two cores).",
+        "",
+        "| headline | paper | at record commit | status | elsewhere: ours (commit, rows) |",
+        "|---|---|---|---|---|",
+    ]
+    for h in headlines:
+        mine = _headline_rows(h, rows)
+        at = [r for r in mine if r.get("commit") == record_commit]
+        other = [r for r in mine if r.get("commit") != record_commit]
+        published = next(
+            (
+                paper_of[cell_key(r)]["paper_value"]
+                if cell_key(r) in paper_of
+                else r.get("paper_value")
+                for r in mine
+            ),
+            None,
+        )
+        if at:
+            status = f"re-run at {record_commit} ({'seeds ' if len(at) > 1 else 'seed '}"
+            status += ", ".join(str(s) for s in pool(at)["seeds"]) + ")"
+        elif other:
+            status = f"**not yet re-run at {record_commit}**"
+        else:
+            status = "**no row**"
+        out.append(
+            f"| {_md(h['label'])} | {_fmt(published)} | {_ours(pool(at)) if at else '—'} | "
+            f"{status} | "
+            + (f"{_ours(pool(other))} ({commits(other, record_commit)})" if other else "—")
+            + " |"
+        )
+    return [*out, ""]
+
+
 def _commands(rows: list[dict[str, Any]]) -> list[str]:
     seen: dict[tuple, None] = {}
     for r in rows:
@@ -197,6 +288,7 @@ def authors_table(
     authors: dict[tuple, list[dict[str, Any]]],
     main: dict[tuple, list[dict[str, Any]]],
     paper_of: dict[tuple, dict[str, Any]],
+    record_commit: str | None = None,
 ) -> list[str]:
     """The rows of a paper's published code re-implemented (``source: authors' code``,
     `authors_step.py`), per cell and variant, beside the paper's number and our engine's
@@ -210,8 +302,8 @@ def authors_table(
         "shown beside ours, not pooled with them.",
         "",
         "| table | setting | method | ε | variant | paper | authors' code | Δ | ours (same cell) "
-        "| rounds run of paper's |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| rounds run of paper's | commits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for k, v in sorted(authors.items(), key=lambda kv: (str(kv[0][:6]), kv[0][6])):
         key = k[:6]
@@ -224,13 +316,15 @@ def authors_table(
         out.append(
             f"| {f['table']} | {_md(f['setting'])} | {f['method']} | {_fmt_eps(f['epsilon'])} "
             f"| {_md(k[6]) or '—'} | {_fmt(published)} | {value} | {delta} "
-            f"| {_ours(pool(ours)) if ours else '—'} | {_schedule(v)} |"
+            f"| {_ours(pool(ours)) if ours else '—'} | {_schedule(v)} "
+            f"| {commits(v, record_commit)} |"
         )
     return [*out, ""]
 
 
 def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
     threshold = float(doc.get("gap_threshold", 3.0))
+    record_commit = doc.get("record_commit")
     explanations = doc.get("explanations", [])
     cells = doc["cells"]
     paper_of = {cell_key(c): c for c in cells}
@@ -248,6 +342,10 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         "step which is not differentially private: it explains a number, it does not "
         "reproduce its guarantee. Results are reported as measured, including where they "
         "disagree with the papers.",
+        "",
+        "Commits: each table names the commits its pooled rows were made at, with how many "
+        f"rows each; † marks a commit other than the record commit `{record_commit}`, and "
+        "`+dirty` an uncommitted tree (no commit reproduces such a row exactly).",
         "",
     ]
     by_paper: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -287,8 +385,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         # Cells with a published number and our DP run of the paper's configuration.
         table = [
             "| table | setting | method | ε | paper | ours | Δ | rounds run of paper's "
-            "| paper's step, not DP | gap |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| paper's step, not DP | gap | commits |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         nogap: list[str] = []
         cited: dict[str, dict[str, Any]] = {}
@@ -321,7 +419,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 nogap.append(
                     f"| {row_fields['table']} | {_md(row_fields['setting'])} | "
                     f"{row_fields['method']} | {_fmt_eps(row_fields['epsilon'])} | "
-                    f"{ours_txt} | {group[0].get('metric')} | {_schedule(group)} |"
+                    f"{ours_txt} | {group[0].get('metric')} | {_schedule(group)} | "
+                    f"{commits(group, record_commit)} |"
                 )
                 continue
             delta = p["mean"] - float(published)
@@ -337,7 +436,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 f"| {row_fields['table']} | {_md(row_fields['setting'])} | "
                 f"{row_fields['method']} | {_fmt_eps(row_fields['epsilon'])} | "
                 f"{float(published):.2f} | {ours_txt} | {delta:+.2f} | {_schedule(group)} | "
-                f"{nd_txt or '—'} | {gap or '—'} |"
+                f"{nd_txt or '—'} | {gap or '—'} | "
+                f"{commits(group + [r for _, v in nd for r in v], record_commit)} |"
             )
         # Non-DP ablations whose cell has no DP run of ours.
         for k, v in sorted(notdp.items(), key=lambda kv: str(kv[0])):
@@ -352,7 +452,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
             table.append(
                 f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
                 f"{_fmt_eps(f['epsilon'])} | {_fmt(published)} | not run | — | "
-                f"{_schedule(v)} | {_ours(p)} (*not DP*: {_md(k[6])}); Δ {delta} | — |"
+                f"{_schedule(v)} | {_ours(p)} (*not DP*: {_md(k[6])}); Δ {delta} | — | "
+                f"{commits(v, record_commit)} |"
             )
         n_run = len({k for k in run_keys if k in paper_of})
         if len(table) > 2:
@@ -364,13 +465,14 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         else:
             body += ["No cell of this paper has been run with a published number to compare.", ""]
         if authors:
-            body += authors_table(authors, main, paper_of)
+            body += authors_table(authors, main, paper_of, record_commit)
         if nogap:
             body += [
                 "### Runs with no published number",
                 "",
-                "| table | setting | method | ε | ours | metric | rounds run of paper's |",
-                "|---|---|---|---|---|---|---|",
+                "| table | setting | method | ε | ours | metric | rounds run of paper's "
+                "| commits |",
+                "|---|---|---|---|---|---|---|---|",
                 *nogap,
                 "",
             ]
@@ -378,8 +480,9 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
             body += [
                 "### Variants and studies",
                 "",
-                "| table | setting | method | ε | variant | paper | ours | Δ | rounds run |",
-                "|---|---|---|---|---|---|---|---|---|",
+                "| table | setting | method | ε | variant | paper | ours | Δ | rounds run "
+                "| commits |",
+                "|---|---|---|---|---|---|---|---|---|---|",
             ]
             for k, v in sorted(variants.items(), key=lambda kv: (kv[0][6], str(kv[0][:6]))):
                 f = dict(zip(KEY_FIELDS, k[:6], strict=True))
@@ -389,7 +492,7 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 body.append(
                     f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
                     f"{_fmt_eps(f['epsilon'])} | {_md(k[6])} | {_fmt(published)} | {_ours(p)} "
-                    f"| {delta} | {_schedule(v)} |"
+                    f"| {delta} | {_schedule(v)} | {commits(v, record_commit)} |"
                 )
             body.append("")
         ours_rows = [r for r in prow if r.get("source") != AUTHORS_SOURCE]
@@ -434,7 +537,7 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         summary.append(
             f"| {paper} | {len(pcells)} | {n_run} | {gaps} | {unexplained} | {len(never)} |"
         )
-    lines += ["## Summary", "", *summary, "", *bodies]
+    lines += ["## Summary", "", *summary, "", *headline_table(rows, doc), *bodies]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -102,13 +102,14 @@ def test_regenerated_table_has_delta_never_run_and_unexplained(rec, tmp_path):
     tau1 = next(line for line in text.splitlines() if line.startswith("| V | dir0.05 | tau1 "))
     assert "| 80.92 | 61.00 ± 1.41 (n = 2) | -19.92 |" in tau1
     assert "65.50 (n = 1) (*not DP*: authors' step)" in tau1
-    assert tau1.rstrip().endswith("| **unexplained** |")
+    assert tau1.rstrip().endswith("| **unexplained** | abc1234 † (3) |")  # 2 ours, 1 not DP
     tau2 = next(line for line in text.splitlines() if line.startswith("| V | dir0.05 | tau2 "))
     assert "| -12.15 |" in tau2 and "explained (see *tau2-why* below)" in tau2
     assert "- *tau2-why* (explained): because of X." in text
     assert "[benchmarks/repro/x.py](benchmarks/repro/x.py)" in text
     tau3 = next(line for line in text.splitlines() if line.startswith("| V | dir0.05 | tau3 "))
-    assert tau3.rstrip().endswith("| — |") and "| +0.08 |" not in tau3 and "| -1.45 |" in tau3
+    assert tau3.rstrip().endswith("| — | abc1234 † (1) |")
+    assert "| +0.08 |" not in tau3 and "| -1.45 |" in tau3
     # ALI-DPFL itself only ran as a variant: listed there, and as never run.
     assert "### Variants and studies" in text and "study: Gamma = 1" in text
     assert "- Table V, fashion_mnist, dir0.05, ε = 2: ali" in text
@@ -119,6 +120,52 @@ def test_regenerated_table_has_delta_never_run_and_unexplained(rec, tmp_path):
     summary = [line for line in text.splitlines() if line.startswith("| ali_dpfl |")]
     assert summary == ["| ali_dpfl | 4 | 3 | 2 | 1 | 1 |"]
     assert record.render(rec.load_rows(), DOC) == text  # deterministic
+
+
+def test_commits_are_named_and_headlines_pool_the_record_commit_only(rec):
+    """Every table names its rows' commits (†: not the record commit); a headline pools
+    only its rows at the record commit, or is flagged with where its rows come from."""
+    record = _load("record")
+    assert record.commits([_row(), _row(), _row(commit="def5678+dirty")], "abc1234") == (
+        "abc1234 (2), def5678+dirty † (1)"
+    )
+    assert record.commits([_row(commit=None)], "abc1234") == "unknown † (1)"
+    rec.append_rows(
+        [
+            _row(seed=0, ours=60.0, commit="old1111+dirty"),
+            _row(seed=0, ours=61.0, commit="rec0000"),
+            _row(seed=1, ours=63.0, commit="rec0000"),
+            _row(method="tau2", ours=70.0, commit="old1111"),
+            _row(method="tau1", ours=65.5, dp=False, variant="authors' step", commit="rec0000"),
+        ]
+    )
+    doc = DOC | {
+        "record_commit": "rec0000",
+        "headlines": [
+            {"label": "tau1 ours", "match": {"paper": "ali_dpfl", "method": "tau1"}},
+            {"label": "tau2 ours", "match": {"paper": "ali_dpfl", "method": "tau2"}},
+            {"label": "tau3 ours", "match": {"paper": "ali_dpfl", "method": "tau3"}},
+            {"label": "tau1 not DP", "match": {"paper": "ali_dpfl", "method": "tau1"},
+             "variant": "authors' step", "dp": False},
+        ],
+    }  # fmt: skip
+    text = record.render(rec.load_rows(), doc)
+    lines = text.splitlines()
+    assert "## Headline rows at one commit (rec0000)" in text
+    row = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| tau")}
+    assert row["tau1 ours"] == (
+        "| tau1 ours | 80.92 | 62.00 ± 1.41 (n = 2) | re-run at rec0000 (seeds 0, 1) | "
+        "60.00 (n = 1) (old1111+dirty † (1)) |"
+    )
+    assert row["tau2 ours"] == (
+        "| tau2 ours | 82.15 | — | **not yet re-run at rec0000** | 70.00 (n = 1) (old1111 † (1)) |"
+    )
+    assert "**no row**" in row["tau3 ours"]
+    assert "| 65.50 (n = 1) | re-run at rec0000 (seed 0) | — |" in row["tau1 not DP"]
+    # the cell's main row pools every commit and names them all
+    tau1 = next(line for line in lines if line.startswith("| V | dir0.05 | tau1 "))
+    assert "61.33 ± 1.53 (n = 3)" in tau1
+    assert tau1.endswith("| old1111+dirty † (1), rec0000 (3) |")
 
 
 def test_authors_code_rows_are_runs_shown_beside_ours_never_pooled(rec):
