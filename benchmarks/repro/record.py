@@ -12,7 +12,8 @@ ours − paper; every gap over ``gap_threshold`` points (3) carries the explanat
 matches it, linked to the experiment that shows it, or **unexplained**. Rows of one cell
 with the same schedule are pooled over seeds (mean ± sample std). A non-DP ablation (a
 published step that is not DP, ``dp: false``) is shown beside ours, labelled *not DP*;
-variants and studies (``variant`` set) get their own table; rows of a paper's published
+variants and studies (``variant`` set) get their own table, and so do ablations of our own
+pipeline that are not DP (``noise-free``), labelled *not DP* there; rows of a paper's published
 code re-implemented (``source: "authors' code"``, ``authors_step.py``) get theirs, beside
 the paper's number and ours, never pooled with ours; cells with no row at all are listed
 as never run. The output depends only on the two files, so it is deterministic.
@@ -48,6 +49,9 @@ KEY_FIELDS = ("paper", "table", "dataset", "setting", "method", "epsilon")
 PAPER_ORDER = ("ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl")
 #: The source of a row made by re-implementing a paper's published code.
 AUTHORS_SOURCE = "authors' code"
+#: Variants of a not-DP row that ablate our own pipeline (``ali_dpfl.py --noise-free``),
+#: not a paper's published step: shown among the variants, marked not DP.
+OWN_ABLATION_PREFIXES = ("noise-free",)
 
 
 def _eps(value: Any) -> float | None:
@@ -366,7 +370,11 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
             key = cell_key(r)
             if r.get("source") == AUTHORS_SOURCE:
                 authors[(*key, r.get("variant") or "")].append(r)  # its own table
-            elif not r.get("dp", True) and r.get("variant"):
+            elif (
+                not r.get("dp", True)
+                and r.get("variant")
+                and not r["variant"].startswith(OWN_ABLATION_PREFIXES)
+            ):
                 notdp[(*key, r["variant"])].append(r)  # a published step that is not DP
             elif r.get("variant"):
                 variants[(*key, r["variant"])].append(r)
@@ -491,7 +499,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 delta = "—" if published is None else f"{p['mean'] - float(published):+.2f}"
                 body.append(
                     f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
-                    f"{_fmt_eps(f['epsilon'])} | {_md(k[6])} | {_fmt(published)} | {_ours(p)} "
+                    f"{_fmt_eps(f['epsilon'])} | {_md(k[6])} | {_fmt(published)} | {_ours(p)}"
+                    f"{'' if all(r.get('dp', True) for r in v) else ' (*not DP*)'} "
                     f"| {delta} | {_schedule(v)} | {commits(v, record_commit)} |"
                 )
             body.append("")

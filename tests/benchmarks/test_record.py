@@ -94,6 +94,7 @@ def test_regenerated_table_has_delta_never_run_and_unexplained(rec, tmp_path):
             _row(method="tau3", ours=83.0),  # within 3 points: no verdict
             _row(method="tau1", ours=65.5, dp=False, variant="authors' step"),
             _row(method="ali", ours=55.0, variant="study: Gamma = 1"),  # a variant
+            _row(method="tau3", ours=61.5, dp=False, variant="noise-free (sigma = 0)"),
             _row(paper="fedfdp", table="6", setting="Dir(0.1), N=10", method="fedavg",
                  ours=79.9, metric="final_accuracy", dp=False, variant="accumulator kept"),
         ]
@@ -112,6 +113,9 @@ def test_regenerated_table_has_delta_never_run_and_unexplained(rec, tmp_path):
     assert "| +0.08 |" not in tau3 and "| -1.45 |" in tau3
     # ALI-DPFL itself only ran as a variant: listed there, and as never run.
     assert "### Variants and studies" in text and "study: Gamma = 1" in text
+    # our own pipeline's not-DP ablation is a variant, not "the paper's step"
+    assert "| noise-free (sigma = 0) | 84.45 | 61.50 (n = 1) (*not DP*) | -22.95 |" in text
+    assert "*not DP*: noise-free" not in text
     assert "- Table V, fashion_mnist, dir0.05, ε = 2: ali" in text
     # FedFDP's cell has only a not-DP ablation: beside "not run", and still never run.
     fdp = next(line for line in text.splitlines() if line.startswith("| 6 | Dir(0.1), N=10 "))
