@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import raydpfl.algorithms.dp_fedavg as dp_fedavg  # noqa: E402
 import raydpfl.papers.ali_dpfl.algorithm as ali_dpfl  # noqa: E402
+from raydpfl.algorithms.base import ClientResult, parameter_delta, privacy_session  # noqa: E402
 from raydpfl.config import config_from_dict  # noqa: E402
 from raydpfl.experiment.build import build_experiment, run_experiment  # noqa: E402
 from raydpfl.privacy.dpsgd import dp_sgd_gradient  # noqa: E402
@@ -88,22 +89,30 @@ RECORD_CELLS = {
 }
 
 
-def code_client_step(keep: bool, noise_seed: int):
-    """DP-FedAvg's client step as the authors' code runs it (see the module docstring)."""
+def code_client_step(keep: bool):
+    """DP-FedAvg's client step as the authors' code runs it (see the module docstring).
+
+    Each step samples its Poisson batch and adds its noise through the task's declared
+    mechanism (the privacy kernel's live `SubsampledGaussian`: `sample`, then `noisy_sum`
+    on the accumulator), so the ledger's receipt check passes; what the kernel cannot see
+    is that with ``keep`` the sum it noises holds every past clipped gradient too: the
+    sensitivity grows with the step, and the run is NOT DP. Both draws come from the
+    client's own stream (sampling first, then the noise, per step).
+    """
     accumulators: dict[int, dict[str, torch.Tensor]] = {}
-    noise = torch.Generator().manual_seed(noise_seed)
 
     def step(ctx, params, data, task, **_):
+        live = privacy_session(ctx, task).dp_sgd()
         start = {n: p.clone() for n, p in params.items()}
         n = data.num_examples
         for _ in range(task.local_steps):
-            x, y = data.batch(dp_fedavg.poisson_sample(n, task.sampling_rate, ctx.generator))
+            x, y = data.batch(live.sample(n))
             clipped_sum, _stats = dp_sgd_gradient(
                 ctx.clipping,
                 params,
                 x,
                 y,
-                clip_norm=task.clip_norm,
+                clip_norm=live.clip_norm,
                 noise_multiplier=0.0,
                 expected_batch_size=1.0,
                 generator=ctx.generator,
@@ -111,17 +120,18 @@ def code_client_step(keep: bool, noise_seed: int):
             acc = accumulators.setdefault(
                 task.client_id, {k: torch.zeros_like(v) for k, v in clipped_sum.items()}
             )
-            for name, p in params.items():
+            for name in params:
                 if keep:
                     acc[name].add_(clipped_sum[name])
                 else:
                     acc[name].copy_(clipped_sum[name])
-                draw = torch.randn(p.shape, generator=noise, dtype=p.dtype)
-                noisy = acc[name] + task.noise_multiplier * task.clip_norm * draw
-                p.sub_(noisy / CODE_DIVISOR, alpha=task.lr)
-        return dp_fedavg.ClientResult(
+            noisy = live.noisy_sum({k: v.clone() for k, v in acc.items()})  # + N(0, σ²C²)
+            with torch.no_grad():
+                for name, p in params.items():
+                    p.sub_(noisy[name] / CODE_DIVISOR, alpha=task.lr)
+        return ClientResult(
             client_id=task.client_id,
-            update=dp_fedavg.parameter_delta(params, start),
+            update=parameter_delta(params, start),
             weight=float(n),
             num_examples=n,
             metrics={},
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     _record.check_tree(args)
 
-    step = code_client_step(args.accumulator == "keep", noise_seed=args.seed + 12345)
+    step = code_client_step(args.accumulator == "keep")
     dp_fedavg.dp_sgd_local_update = step  # DPFedAvg.local_update looks it up at call time
     ali_dpfl.dp_sgd_local_update = step  # the fixed-τ baseline imported it by name
 
