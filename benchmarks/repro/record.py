@@ -10,7 +10,8 @@ transcribed from shared/specs, with the seed line and spec section of each, and 
 explanations of gaps). Per paper it writes a table of ours beside the paper's, with Δ =
 ours − paper; every gap over ``gap_threshold`` points (3) carries the explanation that
 matches it, linked to the experiment that shows it, or **unexplained**. Rows of one cell
-with the same schedule are pooled over seeds (mean ± sample std). A non-DP ablation (a
+with the same schedule are pooled over seeds (mean ± sample std; a run repeated at several
+commits counts once, its row at the record commit preferred, else its latest). A non-DP ablation (a
 published step that is not DP, ``dp: false``) is shown beside ours, labelled *not DP*;
 variants and studies (``variant`` set) get their own table, and so do ablations of our own
 pipeline that are not DP (``noise-free``), labelled *not DP* there; rows of a paper's published
@@ -75,8 +76,23 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean, sample std and count over the rows' ``ours`` (one row per seed)."""
+def one_per_seed(rows: list[dict[str, Any]], record_commit: str | None) -> list[dict[str, Any]]:
+    """One row per seed: a run repeated (e.g. re-run at the record commit) counts once.
+    The row made at `record_commit` wins; otherwise the latest by date, then by position
+    in the record. Seeds keep their first-seen order."""
+    chosen: dict[Any, tuple[tuple, dict[str, Any]]] = {}
+    for i, r in enumerate(rows):
+        rank = (r.get("commit") == record_commit, str(r.get("date") or ""), i)
+        seed = r.get("seed")
+        if seed not in chosen or rank > chosen[seed][0]:
+            chosen[seed] = (rank, r)
+    return [r for _, r in chosen.values()]
+
+
+def pool(rows: list[dict[str, Any]], record_commit: str | None = None) -> dict[str, Any]:
+    """Mean, sample std and count over the rows' ``ours``, one row per seed
+    (`one_per_seed`: a repeated run counts once, its record-commit row preferred)."""
+    rows = one_per_seed(rows, record_commit)
     values = [float(r["ours"]) for r in rows]
     return {
         "n": len(values),
@@ -197,7 +213,7 @@ def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]
     for h in headlines:
         mine = _headline_rows(h, rows)
         at = [r for r in mine if r.get("commit") == record_commit]
-        other = [r for r in mine if r.get("commit") != record_commit]
+        other = one_per_seed([r for r in mine if r.get("commit") != record_commit], None)
         published = next(
             (
                 paper_of[cell_key(r)]["paper_value"]
@@ -234,7 +250,7 @@ def _commands(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def tau_claim(rows: list[dict[str, Any]]) -> list[str]:
+def tau_claim(rows: list[dict[str, Any]], record_commit: str | None = None) -> list[str]:
     """ALI-DPFL against every fixed τ run beside it (same table, setting, ε and budget).
 
     The paper claims adaptive τ* beats every fixed τ when R_s < R_c. For each group of
@@ -255,8 +271,8 @@ def tau_claim(rows: list[dict[str, Any]]) -> list[str]:
         groups[where][label].append(r)
     out: list[str] = []
     for (table, setting, eps, budget), methods in sorted(groups.items(), key=lambda kv: str(kv)):
-        fixed = {m: pool(v) for m, v in methods.items() if m.startswith("tau")}
-        alis = {m: pool(v) for m, v in methods.items() if m.startswith("ali")}
+        fixed = {m: pool(v, record_commit) for m, v in methods.items() if m.startswith("tau")}
+        alis = {m: pool(v, record_commit) for m, v in methods.items() if m.startswith("ali")}
         if not fixed or not alis:
             continue
         best_m, best = max(fixed.items(), key=lambda kv: kv[1]["mean"])
@@ -279,7 +295,7 @@ def tau_claim(rows: list[dict[str, Any]]) -> list[str]:
                 verdict = f"a tie: within the seed-to-seed spread (std {spread:.2f})"
             else:
                 verdict = "beats it" if diff > 0 else "loses to it"
-            taus = sorted({t for r in methods[m] for t in (r.get("extra") or {}).get("taus", [])})
+            taus = sorted({t for r in p["rows"] for t in (r.get("extra") or {}).get("taus", [])})
             used = f"; τ used: {', '.join(map(str, taus))}" if taus else ""
             out.append(
                 f"  - {m}: {_ours(p)}, {diff:+.2f} against the best fixed τ ({best_m}): "
@@ -382,6 +398,10 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 schedule = r.get("schedule", "full")
                 # Reduced schedules pool only with runs of the same length.
                 main[(*key, schedule if schedule == "full" else r.get("rounds_run"))].append(r)
+        # A run repeated at several commits counts once per seed (its record-commit row).
+        for groups in (main, notdp, variants, authors):
+            for k, v in groups.items():
+                groups[k] = one_per_seed(v, record_commit)
         body = [f"## {info['title']}", ""]
         body.append(
             f"Seed `{info['seed']}`, spec `{info['spec']}`, runner `{info['runner']}`. "
@@ -505,7 +525,7 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 )
             body.append("")
         ours_rows = [r for r in prow if r.get("source") != AUTHORS_SOURCE]
-        claim = tau_claim(ours_rows) if paper == "ali_dpfl" else []
+        claim = tau_claim(ours_rows, record_commit) if paper == "ali_dpfl" else []
         if claim:
             body += [
                 "### Adaptive τ* against every fixed τ (the paper's claim for R_s < R_c)",

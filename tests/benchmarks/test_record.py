@@ -166,10 +166,17 @@ def test_commits_are_named_and_headlines_pool_the_record_commit_only(rec):
     )
     assert "**no row**" in row["tau3 ours"]
     assert "| 65.50 (n = 1) | re-run at rec0000 (seed 0) | — |" in row["tau1 not DP"]
-    # the cell's main row pools every commit and names them all
+    # the cell's main row counts seed 0 once (its record-commit row wins over the older
+    # one) and names the commits of the rows it pooled (with the not-DP row beside it)
     tau1 = next(line for line in lines if line.startswith("| V | dir0.05 | tau1 "))
-    assert "61.33 ± 1.53 (n = 3)" in tau1
-    assert tau1.endswith("| old1111+dirty † (1), rec0000 (3) |")
+    assert "| 62.00 ± 1.41 (n = 2) |" in tau1
+    assert tau1.endswith("| rec0000 (3) |")
+    # without a record-commit row, the latest run of a seed is the one counted
+    late = [_row(seed=0, ours=50.0, date="2026-11-01T00:00:00Z", commit="a"),
+            _row(seed=0, ours=52.0, date="2026-11-02T00:00:00Z", commit="b"),
+            _row(seed=1, ours=54.0, commit="c")]  # fmt: skip
+    assert [r["ours"] for r in record.one_per_seed(late, "rec0000")] == [52.0, 54.0]
+    assert record.pool(late)["n"] == 2
 
 
 def test_authors_code_rows_are_runs_shown_beside_ours_never_pooled(rec):
