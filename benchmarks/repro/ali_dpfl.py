@@ -465,8 +465,13 @@ def main(argv: list[str] | None = None) -> int:
                 _record.append_json(RESULTS, rec)
                 if not args.no_record:
                     record_row(rec, args)
+                how = args.normalizer
+                if args.clip_norm is not None:
+                    how += f", C = {args.clip_norm:g}"
+                if args.noise_free:
+                    how += ", noise-free: NOT DP"
                 print(
-                    f"{key} {method} seed {seed} ({args.normalizer}): "
+                    f"{key} {method} seed {seed} ({how}): "
                     f"best {rec['best_accuracy']:.2f} "
                     f"final {rec['final_accuracy']:.2f} (paper {rec['paper']:.2f}) "
                     f"{rec['rounds']} rounds, {rec['iterations']} it, "

@@ -223,15 +223,16 @@ def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]
             ),
             None,
         )
-        if at:
-            status = f"re-run at {record_commit} ({'seeds ' if len(at) > 1 else 'seed '}"
-            status += ", ".join(str(s) for s in pool(at)["seeds"]) + ")"
+        pooled = pool(at, record_commit) if at else None
+        if pooled:
+            seeds = ", ".join(str(s) for s in pooled["seeds"])
+            status = f"re-run at {record_commit} (seed{'s' if pooled['n'] > 1 else ''} {seeds})"
         elif other:
             status = f"**not yet re-run at {record_commit}**"
         else:
             status = "**no row**"
         out.append(
-            f"| {_md(h['label'])} | {_fmt(published)} | {_ours(pool(at)) if at else '—'} | "
+            f"| {_md(h['label'])} | {_fmt(published)} | {_ours(pooled) if pooled else '—'} | "
             f"{status} | "
             + (f"{_ours(pool(other))} ({commits(other, record_commit)})" if other else "—")
             + " |"
