@@ -155,6 +155,12 @@ def _explanation_line(e: dict[str, Any]) -> str:
     return f"- *{e['id']}* ({e['status']}): {e['text']}.{link}"
 
 
+def _variant_label(variant: str) -> str:
+    """A variant as a reader sees it: an ALI-DPFL-only change with nothing shared before
+    it (``"; mu_estimator = code_torch"``) without the empty first clause."""
+    return variant[2:] if variant.startswith("; ") else variant
+
+
 def _short(commit: Any) -> str:
     return "unknown" if not commit else str(commit)
 
@@ -520,7 +526,7 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 delta = "—" if published is None else f"{p['mean'] - float(published):+.2f}"
                 body.append(
                     f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
-                    f"{_fmt_eps(f['epsilon'])} | {_md(k[6])} | {_fmt(published)} | {_ours(p)}"
+                    f"{_fmt_eps(f['epsilon'])} | {_md(_variant_label(k[6]))} | {_fmt(published)} | {_ours(p)}"
                     f"{'' if all(r.get('dp', True) for r in v) else ' (*not DP*)'} "
                     f"| {delta} | {_schedule(v)} | {commits(v, record_commit)} |"
                 )

@@ -327,6 +327,26 @@ def test_the_committed_record_is_valid_and_regenerated():
     assert record.main(["--check"]) == 0, "run python benchmarks/repro/record.py"
 
 
+def _variant_spelling(variant: str) -> str:
+    """A variant with its spacing and empty clauses dropped: two labels that agree here
+    name the same change."""
+    clauses = (c.replace(" ", "") for c in variant.split(";"))
+    return ";".join(c for c in clauses if c)
+
+
+def test_one_variant_has_one_label_in_the_committed_record():
+    # rows of one change spelled two ways are pooled as two variants (seed 0 of the
+    # code_torch claim rerun once read n = 1 beside its seeds 1-2 at n = 2)
+    rows = _load("_record").load_rows(_load("_record").DEFAULT_RESULTS)
+    labels: dict[tuple, set[str]] = {}
+    for row in rows:
+        labels.setdefault((row["paper"], _variant_spelling(row["variant"])), set()).add(
+            row["variant"]
+        )
+    split = {k: v for k, v in labels.items() if len(v) > 1}
+    assert not split, f"one variant recorded under several labels: {split}"
+
+
 def test_a_runners_json_dump_keeps_the_entries_of_a_runner_beside_it(rec, tmp_path):
     """Two invocations appending to one dump (benchmarks/results/<runner>.json) keep each
     other's entries: each append reads the file just before writing it."""
