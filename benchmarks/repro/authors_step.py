@@ -672,8 +672,9 @@ DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
 #: What the reference runs measured (all differences together), below the table.
 MEASURED = (
     "All differences together, Table II 2R_c (ε = 1.55, R_c = 79), τ = 1, seed 0 (n = 1, "
-    "commit e43850a): the authors' pipeline reaches **47.78** best (47.34 final); raydpfl's "
-    "engine at its preset 60.01 (seed 0; 61.45 ± 1.36 over seeds 0–2); the paper 79.98. "
+    "commit e43850a, and the same at the record commit 14511f0): the authors' pipeline "
+    "reaches **47.78** best (47.34 final); raydpfl's engine at its preset 60.01 (seed 0; "
+    "61.44 ± 1.36 over seeds 0–2 at 14511f0); the paper 79.98. "
     "The same authors' pipeline without noise (σ = 0, clipped, not DP) reaches **47.87**: "
     "at these settings noise costs nothing measurable; the 79 steps of length ≤ η·C·q|D_i|/64 "
     "set the accuracy, so the authors' own code does not reach the paper's number at the "

@@ -327,6 +327,20 @@ def test_the_committed_record_is_valid_and_regenerated():
     assert record.main(["--check"]) == 0, "run python benchmarks/repro/record.py"
 
 
+def test_the_authors_step_differences_are_tabled_in_the_record():
+    # issue 37: each difference between the authors' step and ours goes into a table in
+    # REPRODUCTION.md with "DP-valid?" and its measured effect
+    text = (ROOT / "REPRODUCTION.md").read_text(encoding="utf-8")
+    notes = (REPRO / "notes" / "authors_step_differences.md").read_text(encoding="utf-8")
+    header = "| difference | authors' code | raydpfl | DP-valid? | measured effect |"
+    assert header in text
+    table = [line for line in notes.splitlines() if line.startswith("| ")]
+    assert len(table) > 5
+    for line in table:
+        assert line in text
+    assert _load("record").differences_table(None) == []
+
+
 def _variant_spelling(variant: str) -> str:
     """A variant with its spacing and empty clauses dropped: two labels that agree here
     name the same change."""
