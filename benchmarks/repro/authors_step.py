@@ -3,6 +3,7 @@
     python benchmarks/repro/authors_step.py --cells II:2Rc --taus 1 --seeds 0
     python benchmarks/repro/authors_step.py --cells II:2Rc --taus 1 --sigma 0    # noise-free
     python benchmarks/repro/authors_step.py --cells V:dir0.05 --taus 1 2 --clip 1.0
+    python benchmarks/repro/authors_step.py --cells II:2Rc --divisor expected  # raydpfl's divisor
     python benchmarks/repro/authors_step.py --differences   # their step against raydpfl's
 
 What the paper's Fashion-MNIST "τ = k" rows would be if they came from the authors' own
@@ -55,7 +56,10 @@ model).
 
 Rows go to the reproduction record (`_record.py`) with ``source: "authors' code"``,
 ``variant`` "" for the faithful run, "sigma=0 (noise-free, clipped)" (dp False) for
-``--sigma 0`` and "C=<c>" for another clip norm; each run also goes to
+``--sigma 0``, "C=<c>" for another clip norm, "divisor=expected (q·n_i, raydpfl's)" for
+``--divisor expected`` (raydpfl's divisor of the noisy sum) and "normalisation=raydpfl" for
+``--normalisation raydpfl`` (raydpfl's input statistics), the last two to measure one
+difference from raydpfl's step at a time; each run also goes to
 benchmarks/results/authors_step.json. ``--differences`` prints the table of differences
 between this step and raydpfl's (benchmarks/repro/notes/authors_step_differences.md).
 """
@@ -85,7 +89,7 @@ sys.path.insert(0, str(HERE))
 import _record  # noqa: E402
 import ali_dpfl  # noqa: E402  (the cells: R_c, R_s, the paper's numbers)
 
-from raydpfl.data.datasets import read_idx  # noqa: E402
+from raydpfl.data.datasets import _NORMALISATION, read_idx  # noqa: E402
 
 SOURCE = "authors' code"
 AUTHORS_CODE = "XinpengLing/ALI-DPFL@3294e903 (PFLlib-based)"
@@ -105,6 +109,13 @@ TRAIN_SIZE = 0.75  # dataset_utils.train_size
 PARTITION_SEED = 1  # generate_fmnist.py: random.seed(1); np.random.seed(1)
 MIN_CLIENT_SIZE = NUM_CLASSES  # the authors' separate_data: `while min_size < num_classes`
 BATCH_DIVISOR = 64  # dp_optimizer: microbatch_size / minibatch_size = 1 / batch_size (-lbs 64)
+#: the divisor rules: the authors' fixed 64, or raydpfl's expected batch q·|D_i|
+DIVISORS = ("64", "expected")
+#: the input normalisations: the authors' (x/255 − 0.5)/0.5, or raydpfl's dataset statistics
+NORMALISATIONS = {
+    "authors": (0.5, 0.5),
+    "raydpfl": (_NORMALISATION["fashion_mnist"][0][0], _NORMALISATION["fashion_mnist"][1][0]),
+}
 LR = 0.5
 CLIP = 0.1
 Q = ali_dpfl.Q
@@ -122,15 +133,19 @@ DEVIATIONS = (
 # --------------------------------------------------------------------------- data
 
 
-def load_pooled_fmnist(root: Path = DATA_ROOT) -> tuple[torch.Tensor, np.ndarray]:
+def load_pooled_fmnist(
+    root: Path = DATA_ROOT, normalisation: str = "authors"
+) -> tuple[torch.Tensor, np.ndarray]:
     """The 70,000 Fashion-MNIST images (train then test) as the generator script makes
     them: ToTensor (x/255) then Normalize(0.5, 0.5), float32 of shape (N, 1, 28, 28); and
-    the int64 labels."""
+    the int64 labels. ``normalisation="raydpfl"`` normalises with raydpfl's statistics
+    instead (mean 0.2860, std 0.3530), to measure that one difference."""
+    mean, std = NORMALISATIONS[normalisation]
     parts = {k: read_idx(Path(root) / v) for k, v in IDX_FILES.items()}
     images = np.concatenate([parts["train_images"], parts["test_images"]])
     labels = np.concatenate([parts["train_labels"], parts["test_labels"]]).astype(np.int64)
     x = torch.from_numpy(images).unsqueeze(1).to(torch.float32).div(255)
-    x = x.sub_(0.5).div_(0.5)
+    x = x.sub_(mean).div_(std)
     return x, labels
 
 
@@ -292,7 +307,7 @@ def dp_step_(
     clip: float,
     sigma: float,
     generator: torch.Generator,
-    divisor: int = BATCH_DIVISOR,
+    divisor: float = BATCH_DIVISOR,
 ) -> torch.Tensor:
     """One step of the authors' DPSGD on a non-empty batch, in place:
     g = (Σ clipped + C·σ·N(0, I) per tensor, in parameter order) · (1/divisor);
@@ -330,7 +345,7 @@ def client_update(
     clip: float,
     sigma: float,
     generator: torch.Generator,
-    divisor: int = BATCH_DIVISOR,
+    divisor: float = BATCH_DIVISOR,
 ) -> tuple[Params, dict[str, int]]:
     """τ iterations of the authors' client from the global model; an empty Poisson draw
     is skipped (no update, no noise) but is one of the τ. Returns the new parameters and
@@ -418,12 +433,20 @@ def run(
     eval_every: int = 1,
     rounds_cap: int | None = None,
     clients: Sequence[ClientData] | None = None,
+    divisor: str = "64",
+    normalisation: str = "authors",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """One run of the authors' fixed-τ DP-FedAvg on a cell; returns its record."""
+    """One run of the authors' fixed-τ DP-FedAvg on a cell; returns its record.
+
+    ``divisor="expected"`` divides each client's noisy sum by q·|D_i| (raydpfl's rule)
+    instead of 64; ``normalisation`` only labels the record (the clients' inputs are
+    normalised where they are loaded). Both are DP-valid (data-independent)."""
     t_start = time.perf_counter()
+    if divisor not in DIVISORS:
+        raise ValueError(f"divisor must be one of {DIVISORS}, got {divisor!r}")
     if clients is None:
-        x, labels = load_pooled_fmnist()
+        x, labels = load_pooled_fmnist(normalisation=normalisation)
         clients = build_clients(x, labels, cell.alpha)
     r_c, r_s, k_rounds = schedule(cell, tau)
     rounds = k_rounds if rounds_cap is None else min(k_rounds, rounds_cap)
@@ -443,7 +466,16 @@ def run(
         new = []
         for c in clients:
             p, st = client_update(
-                model, params, c, tau, q=Q, lr=LR, clip=clip, sigma=sigma, generator=generator
+                model,
+                params,
+                c,
+                tau,
+                q=Q,
+                lr=LR,
+                clip=clip,
+                sigma=sigma,
+                generator=generator,
+                divisor=BATCH_DIVISOR if divisor == "64" else Q * c.n_train,
             )
             new.append(p)
             steps += st["steps"]
@@ -468,6 +500,8 @@ def run(
         "seed": seed,
         "sigma": sigma,
         "clip": clip,
+        "divisor": divisor,
+        "normalisation": normalisation,
         "R_c": r_c,
         "R_s": r_s,
         "rounds": rounds,
@@ -490,8 +524,11 @@ def run(
     }
 
 
-def variant_of(sigma: float, clip: float) -> str:
-    """The record's variant: "" for the faithful run (σ = 1.1, C = 0.1)."""
+def variant_of(
+    sigma: float, clip: float, divisor: str = "64", normalisation: str = "authors"
+) -> str:
+    """The record's variant: "" for the faithful run (σ = 1.1, C = 0.1, divisor 64, the
+    authors' normalisation)."""
     parts = []
     if sigma == 0:
         parts.append("sigma=0 (noise-free, clipped)")
@@ -499,6 +536,10 @@ def variant_of(sigma: float, clip: float) -> str:
         parts.append(f"sigma={sigma:g}")
     if clip != CLIP:
         parts.append(f"C={clip:g}")
+    if divisor != "64":
+        parts.append(f"divisor={divisor} (q·n_i, raydpfl's)")
+    if normalisation != "authors":
+        parts.append(f"normalisation={normalisation}")
     return ", ".join(parts)
 
 
@@ -523,7 +564,12 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
         "rounds_paper": rec["rounds_schedule"],
         "schedule": "reduced" if reduced else "full",
         "dp": rec["sigma"] > 0,
-        "variant": variant_of(rec["sigma"], rec["clip"]),
+        "variant": variant_of(
+            rec["sigma"],
+            rec["clip"],
+            rec.get("divisor", "64"),
+            rec.get("normalisation", "authors"),
+        ),
         "wall_s": rec["wall_seconds"],
         "source": SOURCE,
         "note": (
@@ -546,6 +592,8 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
                 "eval_every",
                 "sigma",
                 "clip",
+                "divisor",
+                "normalisation",
                 "train_sizes",
                 "seconds_per_round",
             )
@@ -722,6 +770,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="smoke tests: keep this fraction of every client's splits (rows say reduced)",
     )
+    p.add_argument(
+        "--divisor",
+        choices=DIVISORS,
+        default="64",
+        help="divide the noisy sum by 64 (the authors') or by q·|D_i| (raydpfl's)",
+    )
+    p.add_argument(
+        "--normalisation",
+        choices=list(NORMALISATIONS),
+        default="authors",
+        help="(x/255 - 0.5)/0.5 (the authors') or raydpfl's mean/std",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--differences", action="store_true", help="print the differences table")
     _record.add_record_args(p)
@@ -737,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need --sigma >= 0, --clip > 0, --eval-every >= 1 and every tau >= 1")
     _record.check_tree(args)
     torch.set_num_threads(args.threads)
-    x, labels = load_pooled_fmnist()
+    x, labels = load_pooled_fmnist(normalisation=args.normalisation)
     for key in args.cells:
         cell = by_key[key]
         clients = build_clients(x, labels, cell.alpha, args.subset)
@@ -753,6 +813,8 @@ def main(argv: list[str] | None = None) -> int:
                     eval_every=args.eval_every,
                     rounds_cap=args.rounds_cap,
                     clients=clients,
+                    divisor=args.divisor,
+                    normalisation=args.normalisation,
                     log=lambda s: print(s, flush=True),
                 )
                 rec["subset"] = args.subset
@@ -761,7 +823,8 @@ def main(argv: list[str] | None = None) -> int:
                     _record.record(**record_row(rec))
                 paper = "—" if rec["paper"] is None else f"{rec['paper']:.2f}"
                 print(
-                    f"{key} tau{tau} seed {seed} sigma {args.sigma:g} C {args.clip:g}: best "
+                    f"{key} tau{tau} seed {seed} sigma {args.sigma:g} C {args.clip:g} divisor "
+                    f"{args.divisor} normalisation {args.normalisation}: best "
                     f"{rec['best_accuracy']:.2f} final {rec['final_accuracy']:.2f} (paper "
                     f"{paper}), {rec['rounds']} rounds, {rec['iterations']} it "
                     f"({rec['empty_batches']} empty client draws), "

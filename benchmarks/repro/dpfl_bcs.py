@@ -204,7 +204,8 @@ def write_configs() -> list[Path]:
                 )
                 if algorithm in PRIVATEFL:
                     header += (
-                        "# PRIVATEFL (not from seed; see raydpfl/papers/dpfl_bcs/privatefl.py): each\n"
+                        "# PRIVATEFL (not from seed; see "
+                        "raydpfl/papers/dpfl_bcs/privatefl.py): each\n"
                         "# client holds out 20% of its share to score its personalised model.\n"
                     )
                 cfg = preset(dataset, algorithm, mechanism, calibration=calibration)

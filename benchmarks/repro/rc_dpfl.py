@@ -4,7 +4,7 @@
     python benchmarks/repro/rc_dpfl.py --epsilons 10 5 2 --methods rc_dpfl o_cdpfl
     python benchmarks/repro/rc_dpfl.py --rounds 8 --samples-per-client 500 --lr 0.05
     python benchmarks/repro/rc_dpfl.py --report               # table from saved results
-    python benchmarks/repro/rc_dpfl.py --epsilons 5 --methods rc_dpfl --run-dir runs/rc  # resumable
+    python benchmarks/repro/rc_dpfl.py --epsilons 5 --methods rc_dpfl --run-dir runs/rc  # resume
 
 Every run is the preset `configs/rc_dpfl/fmnist_rotation/<method>_eps<ε>.yaml` (21 clients
 in clusters {3, 6, 6, 6}, cluster k rotated by k·90°, official train/test split shared out

@@ -549,7 +549,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 delta = "—" if published is None else f"{p['mean'] - float(published):+.2f}"
                 body.append(
                     f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
-                    f"{_fmt_eps(f['epsilon'])} | {_md(_variant_label(k[6]))} | {_fmt(published)} | {_ours(p)}"
+                    f"{_fmt_eps(f['epsilon'])} | {_md(_variant_label(k[6]))} | "
+                    f"{_fmt(published)} | {_ours(p)}"
                     f"{'' if all(r.get('dp', True) for r in v) else ' (*not DP*)'} "
                     f"| {delta} | {_schedule(v)} | {commits(v, record_commit)} |"
                 )

@@ -89,7 +89,8 @@ def test_loop_is_bit_identical_to_hand_written_dp_sgd(normalizer):
     for name in params_a:
         assert torch.equal(params_a[name], params_b[name]), name
     # the stream is left at the same point: the next draw agrees
-    assert torch.equal(torch.rand(3, generator=ctx_a.generator), torch.rand(3, generator=ctx_b.generator))
+    next_a = torch.rand(3, generator=ctx_a.generator)
+    assert torch.equal(next_a, torch.rand(3, generator=ctx_b.generator))
     # the returned start is the untouched broadcast model
     _, fresh, _ = _setup()
     for name in fresh:
@@ -143,7 +144,8 @@ def test_correction_is_evaluated_at_each_steps_start_and_draws_nothing():
     # and both consumed the same Poisson draws (the correction draws nothing)
     ctx_b, params_b, _ = _setup()
     dp_sgd_local_loop(ctx_b, params_b, data, task)
-    assert torch.equal(torch.rand(2, generator=ctx_a.generator), torch.rand(2, generator=ctx_b.generator))
+    next_a = torch.rand(2, generator=ctx_a.generator)
+    assert torch.equal(next_a, torch.rand(2, generator=ctx_b.generator))
     _, start, _ = _setup()
     for name in start:
         assert torch.equal(seen[0][name], start[name])  # the first at the broadcast model
@@ -165,7 +167,6 @@ def test_fused_and_unfused_corrections_agree_up_to_rounding():
 def test_track_last_loss_reports_the_last_batchs_loss_change():
     task = _task(noise_multiplier=0.0, sampling_rate=1.0, local_steps=2, lr=0.5)
     ctx, params, data = _setup()
-    _, before_params, _ = _setup()
     # with q = 1 and no noise both steps use the full data: recompute the last step's change
     _, metrics = dp_sgd_local_loop(ctx, params, data, task, track_last_loss=True)
     ctx_r, params_r, _ = _setup()

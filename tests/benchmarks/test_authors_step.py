@@ -174,6 +174,41 @@ def test_empty_batches_are_skipped_but_count_toward_rc(a):
     assert rec["rounds"] == 2 and rec["rounds_schedule"] == 79 // 2
 
 
+def test_the_expected_divisor_scales_the_step_by_64_over_q_n(a):
+    # --divisor expected: raydpfl's 1/(q·n_i) instead of the authors' 1/64; the same noisy
+    # sum (same generator state), so the two steps differ by exactly that factor
+    model, params = _params(a)
+    x, y = _batch(40, seed=3)
+    steps = {}
+    for divisor in (64.0, 0.015 * 1000):
+        p = {k: v.clone() for k, v in params.items()}
+        gen = torch.Generator().manual_seed(7)
+        a.dp_step_(model, p, x, y, lr=0.5, clip=0.1, sigma=1.1, generator=gen, divisor=divisor)
+        steps[divisor] = {k: p[k] - params[k] for k in p}
+    for k in params:
+        torch.testing.assert_close(steps[15.0][k], steps[64.0][k] * (64 / 15.0))
+    cell = next(c for c in _load("ali_dpfl").CELLS if c.key == "II:2Rc")
+    with pytest.raises(ValueError, match="divisor must be one of"):
+        a.run(cell, 1, 0, rounds_cap=1, clients=_synthetic_clients(a, [200]), divisor="32")
+    rec = a.run(
+        cell, 1, 0, rounds_cap=1, clients=_synthetic_clients(a, [200]), divisor="expected",
+        normalisation="raydpfl", log=lambda s: 0,
+    )  # fmt: skip
+    row = a.record_row(rec)
+    assert row["variant"] == "divisor=expected (q·n_i, raydpfl's), normalisation=raydpfl"
+    assert row["dp"] and row["extra"]["divisor"] == "expected"
+
+
+def test_the_normalisations_are_the_authors_and_raydpfls():
+    from raydpfl.data.datasets import _NORMALISATION
+
+    a_mod = _load("authors_step")
+    assert a_mod.NORMALISATIONS["authors"] == (0.5, 0.5)
+    mean, std = a_mod.NORMALISATIONS["raydpfl"]
+    assert ((mean,), (std,)) == _NORMALISATION["fashion_mnist"]
+    assert (mean, std) == (0.2860, 0.3530)
+
+
 def test_aggregate_weights_by_train_size(a):
     p1 = {"w": torch.ones(3)}
     p2 = {"w": torch.zeros(3)}
