@@ -79,7 +79,11 @@ def _md(text: str) -> str:
 def one_per_seed(rows: list[dict[str, Any]], record_commit: str | None) -> list[dict[str, Any]]:
     """One row per seed: a run repeated (e.g. re-run at the record commit) counts once.
     The row made at `record_commit` wins; otherwise the latest by date, then by position
-    in the record. Seeds keep their first-seen order."""
+    in the record. Seeds keep their first-seen order. A row whose seed was never recorded
+    (a number carried over from README) counts only where no row of the cell has a seed:
+    it cannot be told apart from a re-run of one of them."""
+    if any(r.get("seed") is not None for r in rows):
+        rows = [r for r in rows if r.get("seed") is not None]
     chosen: dict[Any, tuple[tuple, dict[str, Any]]] = {}
     for i, r in enumerate(rows):
         rank = (r.get("commit") == record_commit, str(r.get("date") or ""), i)

@@ -177,6 +177,11 @@ def test_commits_are_named_and_headlines_pool_the_record_commit_only(rec):
             _row(seed=1, ours=54.0, commit="c")]  # fmt: skip
     assert [r["ours"] for r in record.one_per_seed(late, "rec0000")] == [52.0, 54.0]
     assert record.pool(late)["n"] == 2
+    # a number carried over from README with no seed counts only in a cell with no seeds
+    # (it may be one of the seeded runs: FedFDP Table 6 eps = 2 once read n = 4 for 3 seeds)
+    readme = _row(seed=None, ours=62.1, commit="d", source="README (commit d, 2026-11-24)")
+    assert [r["ours"] for r in record.one_per_seed([readme, *late], "rec0000")] == [52.0, 54.0]
+    assert record.one_per_seed([readme], "rec0000") == [readme]
 
 
 def test_authors_code_rows_are_runs_shown_beside_ours_never_pooled(rec):
