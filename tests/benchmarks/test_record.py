@@ -356,7 +356,8 @@ def _variant_spelling(variant: str) -> str:
 def test_one_variant_has_one_label_in_the_committed_record():
     # rows of one change spelled two ways are pooled as two variants (seed 0 of the
     # code_torch claim rerun once read n = 1 beside its seeds 1-2 at n = 2)
-    rows = _load("_record").load_rows(_load("_record").DEFAULT_RESULTS)
+    rec = _load("_record")
+    rows = rec.load_rows(rec.DEFAULT_RESULTS)
     labels: dict[tuple, set[str]] = {}
     for row in rows:
         labels.setdefault((row["paper"], _variant_spelling(row["variant"])), set()).add(
