@@ -89,7 +89,7 @@ sys.path.insert(0, str(HERE))
 import _record  # noqa: E402
 import ali_dpfl  # noqa: E402  (the cells: R_c, R_s, the paper's numbers)
 
-from raydpfl.data.datasets import _NORMALISATION, read_idx  # noqa: E402
+from raydpfl.data.datasets import _NORMALISATION, _normalise, read_idx  # noqa: E402
 
 SOURCE = "authors' code"
 AUTHORS_CODE = "XinpengLing/ALI-DPFL@3294e903 (PFLlib-based)"
@@ -139,11 +139,18 @@ def load_pooled_fmnist(
     """The 70,000 Fashion-MNIST images (train then test) as the generator script makes
     them: ToTensor (x/255) then Normalize(0.5, 0.5), float32 of shape (N, 1, 28, 28); and
     the int64 labels. ``normalisation="raydpfl"`` normalises with raydpfl's statistics
-    instead (mean 0.2860, std 0.3530), to measure that one difference."""
-    mean, std = NORMALISATIONS[normalisation]
+    instead (mean 0.2860, std 0.3530), through raydpfl's own loader code, so those inputs
+    equal raydpfl's bit for bit (it scales by float32(1/255), not by dividing by 255)."""
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(
+            f"normalisation must be one of {sorted(NORMALISATIONS)}, got {normalisation!r}"
+        )
     parts = {k: read_idx(Path(root) / v) for k, v in IDX_FILES.items()}
     images = np.concatenate([parts["train_images"], parts["test_images"]])
     labels = np.concatenate([parts["train_labels"], parts["test_labels"]]).astype(np.int64)
+    if normalisation == "raydpfl":
+        return torch.from_numpy(_normalise(images[:, None], "fashion_mnist")), labels
+    mean, std = NORMALISATIONS[normalisation]
     x = torch.from_numpy(images).unsqueeze(1).to(torch.float32).div(255)
     x = x.sub_(mean).div_(std)
     return x, labels
@@ -328,6 +335,8 @@ class ClientData:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    #: which of NORMALISATIONS the inputs went through (the record names it)
+    normalisation: str = "authors"
 
     @property
     def n_train(self) -> int:
@@ -402,10 +411,19 @@ def evaluate(model: nn.Module, params: Params, clients: Sequence[ClientData]) ->
 
 
 def build_clients(
-    x: torch.Tensor, labels: np.ndarray, alpha: float | None, subset: float | None = None
+    x: torch.Tensor,
+    labels: np.ndarray,
+    alpha: float | None,
+    subset: float | None = None,
+    normalisation: str = "authors",
 ) -> list[ClientData]:
     """The clients' tensors for a cell's partition. `subset` (tests) keeps that fraction of
-    each client's train and test split (at least one sample each)."""
+    each client's train and test split (at least one sample each); `normalisation` names
+    the one `x` went through (load_pooled_fmnist's argument), so the record can say it."""
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(
+            f"normalisation must be one of {sorted(NORMALISATIONS)}, got {normalisation!r}"
+        )
     y = torch.from_numpy(labels)
     out = []
     for train, test in authors_partition(labels, alpha):
@@ -413,7 +431,7 @@ def build_clients(
             train = train[: max(1, int(len(train) * subset))]
             test = test[: max(1, int(len(test) * subset))]
         tr, te = torch.from_numpy(train), torch.from_numpy(test)
-        out.append(ClientData(x[tr], y[tr], x[te], y[te]))
+        out.append(ClientData(x[tr], y[tr], x[te], y[te], normalisation))
     return out
 
 
@@ -440,14 +458,26 @@ def run(
     """One run of the authors' fixed-τ DP-FedAvg on a cell; returns its record.
 
     ``divisor="expected"`` divides each client's noisy sum by q·|D_i| (raydpfl's rule)
-    instead of 64; ``normalisation`` only labels the record (the clients' inputs are
-    normalised where they are loaded). Both are DP-valid (data-independent)."""
+    instead of 64; ``normalisation`` picks the input statistics the clients are loaded
+    with; passed ``clients`` must have been built with the same one (checked, so the record
+    never names a normalisation the inputs did not go through). Both are DP-valid
+    (data-independent)."""
     t_start = time.perf_counter()
     if divisor not in DIVISORS:
         raise ValueError(f"divisor must be one of {DIVISORS}, got {divisor!r}")
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(
+            f"normalisation must be one of {sorted(NORMALISATIONS)}, got {normalisation!r}"
+        )
     if clients is None:
         x, labels = load_pooled_fmnist(normalisation=normalisation)
-        clients = build_clients(x, labels, cell.alpha)
+        clients = build_clients(x, labels, cell.alpha, normalisation=normalisation)
+    mismatched = sorted({c.normalisation for c in clients} - {normalisation})
+    if mismatched:
+        raise ValueError(
+            f"normalisation={normalisation!r} but the clients were built with {mismatched}: "
+            "pass the normalisation build_clients was given"
+        )
     r_c, r_s, k_rounds = schedule(cell, tau)
     rounds = k_rounds if rounds_cap is None else min(k_rounds, rounds_cap)
     torch.manual_seed(seed)
@@ -812,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
     x, labels = load_pooled_fmnist(normalisation=args.normalisation)
     for key in args.cells:
         cell = by_key[key]
-        clients = build_clients(x, labels, cell.alpha, args.subset)
+        clients = build_clients(x, labels, cell.alpha, args.subset, args.normalisation)
         print(f"{key}: client train sizes {[c.n_train for c in clients]}", flush=True)
         for tau in args.taus:
             for seed in args.seeds:

@@ -147,12 +147,12 @@ def test_poisson_rate_is_floor_nq_over_n(a):
     assert abs(np.mean(sizes) - 15) < 1.0  # rate ⌊15⌋/1000
 
 
-def _synthetic_clients(a, sizes):
+def _synthetic_clients(a, sizes, normalisation="authors"):
     out = []
     for i, n in enumerate(sizes):
         x, y = _batch(n, seed=10 + i)
         xt, yt = _batch(20, seed=100 + i)
-        out.append(a.ClientData(x, y, xt, yt))
+        out.append(a.ClientData(x, y, xt, yt, normalisation))
     return out
 
 
@@ -190,9 +190,17 @@ def test_the_expected_divisor_scales_the_step_by_64_over_q_n(a):
     cell = next(c for c in _load("ali_dpfl").CELLS if c.key == "II:2Rc")
     with pytest.raises(ValueError, match="divisor must be one of"):
         a.run(cell, 1, 0, rounds_cap=1, clients=_synthetic_clients(a, [200]), divisor="32")
+    # the record names the normalisation the clients' inputs went through, never another
+    with pytest.raises(ValueError, match=r"clients were built with \['authors'\]"):
+        a.run(
+            cell, 1, 0, rounds_cap=1, clients=_synthetic_clients(a, [200]),
+            normalisation="raydpfl", log=lambda s: 0,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="normalisation must be one of"):
+        a.run(cell, 1, 0, rounds_cap=1, clients=_synthetic_clients(a, [200]), normalisation="z")
     rec = a.run(
-        cell, 1, 0, rounds_cap=1, clients=_synthetic_clients(a, [200]), divisor="expected",
-        normalisation="raydpfl", log=lambda s: 0,
+        cell, 1, 0, rounds_cap=1, clients=_synthetic_clients(a, [200], "raydpfl"),
+        divisor="expected", normalisation="raydpfl", log=lambda s: 0,
     )  # fmt: skip
     row = a.record_row(rec)
     assert row["variant"] == "divisor=expected (q·n_i, raydpfl's), normalisation=raydpfl"
@@ -241,3 +249,23 @@ def test_smoke_two_rounds_on_real_fmnist_write_an_authors_code_row(a, tmp_path, 
     assert dump[0]["train_sizes"] == [
         int(0.03 * n) for n in (5360, 661, 3109, 204, 484, 9558, 9227, 9923, 5558, 8412)
     ]
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists(), reason="no FMNIST")
+def test_raydpfl_normalisation_gives_raydpfl_inputs_bit_for_bit(a):
+    # --normalisation raydpfl measures the statistics alone: the pooled images must be the
+    # very tensors raydpfl trains on (train split first, then test), not a near copy
+    from raydpfl.data.datasets import load_dataset
+
+    x, labels = a.load_pooled_fmnist(normalisation="raydpfl")
+    ours = load_dataset("fashion_mnist")
+    n = len(ours.y_train)
+    assert x.dtype == torch.float32 and tuple(x.shape) == (n + len(ours.y_test), 1, 28, 28)
+    pooled = np.concatenate([ours.x_train, ours.x_test]).reshape(x.shape)
+    assert np.array_equal(x.numpy(), pooled)
+    assert np.array_equal(labels, np.concatenate([ours.y_train, ours.y_test]))
+    authors, _ = a.load_pooled_fmnist()
+    mean, std = a.NORMALISATIONS["raydpfl"]
+    torch.testing.assert_close(authors[:5] * 0.5 + 0.5, x[:5] * std + mean)  # same pixels
+    with pytest.raises(ValueError, match="normalisation must be one of"):
+        a.load_pooled_fmnist(normalisation="imagenet")
