@@ -202,7 +202,8 @@ def _headline_rows(h: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
 
 def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]:
     """The numbers README quotes, each pooled over its rows at the record commit, or
-    flagged with where its rows come from when it has none there."""
+    flagged with where its rows come from when it has none there (and why, where the
+    headline's ``elsewhere_because`` says the record commit cannot make that row)."""
     record_commit = doc.get("record_commit")
     headlines = doc.get("headlines", [])
     if not headlines:
@@ -237,6 +238,9 @@ def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]
         if pooled:
             seeds = ", ".join(str(s) for s in pooled["seeds"])
             status = f"re-run at {record_commit} (seed{'s' if pooled['n'] > 1 else ''} {seeds})"
+        elif other and h.get("elsewhere_because"):
+            # a variant the record commit's runner cannot make: say so, never "not yet"
+            status = f"**not at {record_commit}**: {_md(h['elsewhere_because'])}"
         elif other:
             status = f"**not yet re-run at {record_commit}**"
         else:

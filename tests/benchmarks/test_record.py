@@ -149,6 +149,8 @@ def test_commits_are_named_and_headlines_pool_the_record_commit_only(rec):
             {"label": "tau1 ours", "match": {"paper": "ali_dpfl", "method": "tau1"}},
             {"label": "tau2 ours", "match": {"paper": "ali_dpfl", "method": "tau2"}},
             {"label": "tau3 ours", "match": {"paper": "ali_dpfl", "method": "tau3"}},
+            {"label": "tau2 new flag", "match": {"paper": "ali_dpfl", "method": "tau2"},
+             "elsewhere_because": "its flag came after rec0000 (old1111)"},
             {"label": "tau1 not DP", "match": {"paper": "ali_dpfl", "method": "tau1"},
              "variant": "authors' step", "dp": False},
         ],
@@ -165,6 +167,10 @@ def test_commits_are_named_and_headlines_pool_the_record_commit_only(rec):
         "| tau2 ours | 82.15 | — | **not yet re-run at rec0000** | 70.00 (n = 1) (old1111 † (1)) |"
     )
     assert "**no row**" in row["tau3 ours"]
+    assert row["tau2 new flag"] == (
+        "| tau2 new flag | 82.15 | — | **not at rec0000**: its flag came after rec0000 "
+        "(old1111) | 70.00 (n = 1) (old1111 † (1)) |"
+    )
     assert "| 65.50 (n = 1) | re-run at rec0000 (seed 0) | — |" in row["tau1 not DP"]
     # the cell's main row counts seed 0 once (its record-commit row wins over the older
     # one) and names the commits of the rows it pooled (with the not-DP row beside it)
