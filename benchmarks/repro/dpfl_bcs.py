@@ -15,6 +15,14 @@ Gaussian (DPFL-BCS vs DPSGD, optionally WeiAvg) and Laplace (DPFL-BCS vs DMLDP),
 FedSGD (no DP). Gaussian noise uses ``--calibration`` (default zcdp; paper_alg2 is the
 literal Algorithm 2).
 
+``--noise-free`` is an ablation, NOT differentially private: the same pipeline (the budgets,
+the BCS plan computed from them, clipping, the step, PRIVATEFL's transformations,
+evaluation) with every release's noise set to zero (the gradient step's and stage 1's loss
+reports), so the record shows where the clipped step alone gets to. The ledger still
+charges what the tasks declare, so its ε is NOT delivered. Recorded with ``dp: false`` and
+the variant ``noise-free``. A Gaussian ``--calibration`` other than zcdp is a variant too
+(``calibration=paper_alg2``), never pooled with the default's rows.
+
 Table I (``--table1``): PRIVATEFL and PRIVATEFL-BCS under both mechanisms on ``--dataset``
 (the Fig. 2 setting, as the spec assumes; each client's test split is 20% of its share,
 since PRIVATEFL scores each client's personalised model on its own test records), printed
@@ -35,9 +43,11 @@ row per run, the reproduction record benchmarks/repro/results.jsonl (`_record.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,8 +241,9 @@ def write_configs() -> list[Path]:
     return paths
 
 
-def run_one(label: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Runs one preset in-process; returns accuracy, estimates, plans and ledger checks."""
+def run_one(label: str, cfg: dict[str, Any], noise_free: bool = False) -> dict[str, Any]:
+    """Runs one preset in-process; returns accuracy, estimates, plans and ledger checks.
+    `noise_free` zeroes every release's noise (NOT DP; see the module docstring)."""
     from raydpfl.experiment.build import build_experiment, run_experiment
 
     config = config_from_dict(cfg)
@@ -245,7 +256,10 @@ def run_one(label: str, cfg: dict[str, Any]) -> dict[str, Any]:
         if row["round"] % 5 == 0:
             print(f"  [{label}] round {row['round']} ({time.time() - start:.0f}s)", flush=True)
 
-    summary = run_experiment(exp, None, on_round=on_round)
+    with _without_noise(noise_free) as zeroed:
+        summary = run_experiment(exp, None, on_round=on_round)
+    if noise_free and exp.ledger is not None and zeroed[0] == 0:
+        raise RuntimeError(f"{label}: --noise-free zeroed no noise draw (the patch missed)")
     algo, ledger = exp.algorithm, exp.ledger
     accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") == r.get("test_accuracy")]
     losses = [r["test_loss"] for r in rows if r.get("test_loss") == r.get("test_loss")]
@@ -264,6 +278,7 @@ def run_one(label: str, cfg: dict[str, Any]) -> dict[str, Any]:
         ],
         "stop_reason": summary.get("stop_reason"),
         "wall_seconds": time.time() - start,
+        "noise_free": noise_free,
         "epsilons": algo.eps.tolist(),
         "deltas": algo.deltas.tolist(),
         "train_sizes": algo.sizes.astype(int).tolist(),
@@ -277,6 +292,51 @@ def run_one(label: str, cfg: dict[str, Any]) -> dict[str, Any]:
         record["ledger_max_ratio"] = float(np.max(spent / algo.eps))
         record["ledger_ok"] = bool(np.all(spent <= algo.eps))
     return record
+
+
+@contextlib.contextmanager
+def _without_noise(active: bool) -> Iterator[list[int]]:
+    """While active, every release a task opens draws zero noise (the ablation of
+    `--noise-free`; NOT DP); yields a one-item list counting the zeroed draws, so the
+    caller can check the patch was on the path the run took. Restores on exit."""
+    calls = [0]
+    if not active:
+        yield calls
+        return
+    import torch
+
+    from raydpfl.privacy.kernel import LiveRelease
+
+    real_noise, real_add = LiveRelease.noise, LiveRelease.add_
+
+    def zero_noise(self, shape, dtype=None):
+        self._check_open()
+        calls[0] += 1
+        return torch.zeros(shape, device=self.device, dtype=dtype or torch.get_default_dtype())
+
+    def no_add(self, tensors):
+        self._check_open()
+        calls[0] += 1
+        return tensors
+
+    LiveRelease.noise, LiveRelease.add_ = zero_noise, no_add
+    try:
+        yield calls
+    finally:
+        LiveRelease.noise, LiveRelease.add_ = real_noise, real_add
+
+
+def variant_of(args: argparse.Namespace) -> str:
+    """The record's variant: what this invocation changes from the paper's setting as the
+    spec reads it (empty for the default), so such rows are never pooled with it."""
+    parts = []
+    if getattr(args, "noise_free", False):
+        parts.append("noise-free")
+    if args.calibration != "zcdp":
+        parts.append(f"calibration={args.calibration}")
+    if args.server_momentum:
+        parts.append(f"server_momentum={args.server_momentum}")
+    return ", ".join(parts)
 
 
 def print_record(rec: dict[str, Any], dataset: str) -> None:
@@ -347,6 +407,7 @@ def print_table1(records: list[dict[str, Any]], dataset: str) -> None:
 def record_row(rec: dict[str, Any], args: argparse.Namespace) -> None:
     """Appends one run to the reproduction record (what it computed is unchanged)."""
     setting = rec["setting"]
+    noise_free = bool(rec.get("noise_free"))
     table1 = rec["label"] in TABLE1_RUNS
     paper_ds = "lending_club" if args.dataset == "diabetes" else args.dataset
     ref = TABLE_I.get((paper_ds, rec["mechanism"], rec["algorithm"])) if table1 else None
@@ -380,11 +441,17 @@ def record_row(rec: dict[str, Any], args: argparse.Namespace) -> None:
         rounds_run=rec["rounds_run"],
         rounds_paper=200,
         schedule="reduced" if reduced else "full",
-        dp=rec["mechanism"] != "none" and rec["algorithm"] != "bcs_fedsgd",
-        variant=f"server_momentum={args.server_momentum}" if args.server_momentum else "",
+        dp=rec["mechanism"] != "none" and rec["algorithm"] != "bcs_fedsgd" and not noise_free,
+        variant=variant_of(args),
         wall_s=rec["wall_seconds"],
         note=(
-            f"T0={args.stage1_rounds}; Gaussian calibration {args.calibration}; "
+            (
+                "NOT DP: every release's noise removed (ablation); the ledger's epsilon is "
+                "not delivered; "
+                if noise_free
+                else ""
+            )
+            + f"T0={args.stage1_rounds}; Gaussian calibration {args.calibration}; "
             f"ledger_ok={rec.get('ledger_ok')}"
             + ("; paper gives a plot only (Fig. 2)" if not table1 else "")
             + ("; paper value is mean ± std over runs" if ref is not None else "")
@@ -413,6 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-momentum", type=float, default=0.0)
+    p.add_argument(
+        "--noise-free",
+        action="store_true",
+        help="ablation, NOT DP: every release's noise set to zero (the ledger's eps is not "
+        "delivered)",
+    )
     _record.add_record_args(p)
     args = p.parse_args(argv)
     _record.check_tree(args)
@@ -441,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             server_momentum=args.server_momentum,
         )
         cfg["runtime"]["seed"] = args.seed
-        rec = run_one(label, cfg)
+        rec = run_one(label, cfg, noise_free=args.noise_free)
         rec["setting"] = {
             "dataset": args.dataset,
             "rounds": args.rounds,
@@ -451,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "server_momentum": args.server_momentum,
             "calibration": args.calibration,
+            "noise_free": args.noise_free,
         }
         print_record(rec, args.dataset)
         sys.stdout.flush()
