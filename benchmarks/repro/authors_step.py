@@ -435,9 +435,12 @@ def build_clients(
     return out
 
 
-def schedule(cell: ali_dpfl.Cell, tau: int) -> tuple[int, int, int]:
-    """(R_c, R_s, K): K = min(R_s, ⌊R_c/τ⌋) rounds, i.e. rounds run while Σ τ ≤ R_c."""
-    r_c, r_s = cell.budgets()
+def schedule(cell: ali_dpfl.Cell, tau: int, rc_accountant: str = "paper") -> tuple[int, int, int]:
+    """(R_c, R_s, K): K = min(R_s, ⌊R_c/τ⌋) rounds, i.e. rounds run while Σ τ ≤ R_c. R_c by
+    the paper's classic conversion, or (``rdp``: the authors' code's own improved
+    conversion, 281 at ε = 1.55; ``pld``) the most iterations that accountant keeps
+    within ε (ali_dpfl.Cell.budgets)."""
+    r_c, r_s = cell.budgets(rc_accountant)
     return r_c, r_s, min(r_s, r_c // tau)
 
 
@@ -453,6 +456,7 @@ def run(
     clients: Sequence[ClientData] | None = None,
     divisor: str = "64",
     normalisation: str = "authors",
+    rc_accountant: str = "paper",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """One run of the authors' fixed-τ DP-FedAvg on a cell; returns its record.
@@ -478,7 +482,7 @@ def run(
             f"normalisation={normalisation!r} but the clients were built with {mismatched}: "
             "pass the normalisation build_clients was given"
         )
-    r_c, r_s, k_rounds = schedule(cell, tau)
+    r_c, r_s, k_rounds = schedule(cell, tau, rc_accountant)
     rounds = k_rounds if rounds_cap is None else min(k_rounds, rounds_cap)
     torch.manual_seed(seed)
     model = FedAvgCNN()
@@ -532,6 +536,7 @@ def run(
         "clip": clip,
         "divisor": divisor,
         "normalisation": normalisation,
+        "rc_accountant": rc_accountant,
         "R_c": r_c,
         "R_s": r_s,
         "rounds": rounds,
@@ -555,11 +560,18 @@ def run(
 
 
 def variant_of(
-    sigma: float, clip: float, divisor: str = "64", normalisation: str = "authors"
+    sigma: float,
+    clip: float,
+    divisor: str = "64",
+    normalisation: str = "authors",
+    rc_accountant: str = "paper",
+    r_c: int | None = None,
 ) -> str:
     """The record's variant: "" for the faithful run (σ = 1.1, C = 0.1, divisor 64, the
-    authors' normalisation)."""
+    authors' normalisation, the paper's R_c)."""
     parts = []
+    if rc_accountant != "paper":
+        parts.append(f"R_c by {rc_accountant} ({r_c})")
     if sigma == 0:
         parts.append("sigma=0 (noise-free, clipped)")
     elif sigma != SIGMA:
@@ -599,6 +611,8 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
             rec["clip"],
             rec.get("divisor", "64"),
             rec.get("normalisation", "authors"),
+            rec.get("rc_accountant", "paper"),
+            rec["R_c"],
         ),
         "wall_s": rec["wall_seconds"],
         "source": SOURCE,
@@ -624,6 +638,7 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
                 "clip",
                 "divisor",
                 "normalisation",
+                "rc_accountant",
                 "train_sizes",
                 "seconds_per_round",
             )
@@ -824,6 +839,13 @@ def main(argv: list[str] | None = None) -> int:
         default="authors",
         help="(x/255 - 0.5)/0.5 (the authors') or raydpfl's mean/std",
     )
+    p.add_argument(
+        "--rc-accountant",
+        choices=["paper", "rdp", "pld"],
+        default="paper",
+        help="R_c by the paper's classic conversion, or the most iterations within epsilon "
+        "by RDP (the authors' code's improved conversion: 281 at eps 1.55) or PLD",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--differences", action="store_true", help="print the differences table")
     _record.add_record_args(p)
@@ -857,6 +879,7 @@ def main(argv: list[str] | None = None) -> int:
                     clients=clients,
                     divisor=args.divisor,
                     normalisation=args.normalisation,
+                    rc_accountant=args.rc_accountant,
                     log=lambda s: print(s, flush=True),
                 )
                 rec["subset"] = args.subset

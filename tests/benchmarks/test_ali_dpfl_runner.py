@@ -100,3 +100,46 @@ def test_bad_options_are_refused_before_any_run(ali, capsys):
     with pytest.raises(SystemExit):
         ali.main(["--cells", "II:2Rc", "--methods", "ali", "--noise-free", "--no-record"])
     assert "fixed-tau baselines only" in capsys.readouterr().err
+
+
+def _dp_accounting_epsilon(steps: int) -> float:
+    """ε of `steps` Poisson-subsampled Gaussian steps (q = 0.015, σ = 1.1, δ = 1e-5) by
+    Google's dp-accounting RDP accountant: an independent check of the R_c we run."""
+    import dp_accounting
+
+    acc = dp_accounting.rdp.RdpAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(0.015, dp_accounting.GaussianDpEvent(1.1))
+    acc.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    return acc.get_epsilon(1e-5)
+
+
+def test_rc_by_a_tight_accountant_runs_the_iterations_that_fit_epsilon(ali, monkeypatch):
+    # spec §6.5: at ε = 1.55 the paper's classic conversion allows 79 iterations, the
+    # improved RDP conversion (the authors' code's) 281: the run's plan and ledger use it
+    cell = next(c for c in ali.CELLS if c.key == "II:2Rc")
+    assert cell.budgets() == (79, 158) and cell.budgets("rdp") == (281, 562)
+    assert _dp_accounting_epsilon(281) <= 1.55 < _dp_accounting_epsilon(320)
+    import raydpfl.experiment.build as build
+
+    seen = {}
+
+    def no_training(exp, *_, **__):
+        seen["exp"] = exp
+        summary = dict(best_test_accuracy=0.5, final_test_accuracy=0.5, epsilon_max=0.0)
+        return summary | {"rounds_completed": 0, "stop_reason": "test"}
+
+    monkeypatch.setattr(build, "run_experiment", no_training)
+    rec = ali.run_cell(cell, "tau1", 0, 10, None, rc_accountant="rdp")
+    plan = seen["exp"].metadata["privacy"]
+    assert plan["iteration_budget_R_c"] == 281 and plan["rounds_budget_R_s"] == 562
+    assert plan["rc_mode"] == "exact" and plan["ledger_epsilon_at_R_c"] <= 1.55
+    assert seen["exp"].config.experiment.privacy.accountant == "rdp"
+    assert (rec["R_c"], rec["R_s"], rec["rc_accountant"]) == (281, 562, "rdp")
+    row = _record_of(ali, monkeypatch, rc_accountant="rdp")
+    assert row["dp"] is True and row["variant"] == "R_c by rdp (79)"  # _record_of's R_c
+
+
+def test_rc_accountant_is_refused_for_pe(ali, capsys):
+    with pytest.raises(SystemExit):
+        ali.main(["--cells", "II:2Rc", "--methods", "pe", "--rc-accountant", "rdp", "--no-record"])
+    assert "does not apply to pe" in capsys.readouterr().err
