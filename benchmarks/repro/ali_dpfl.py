@@ -69,6 +69,14 @@ CONFIG_DIR = ROOT / "configs" / "ali_dpfl"
 RESULTS = ROOT / "benchmarks" / "results" / "ali_dpfl_repro.json"
 DATASETS = ("mnist", "fashion_mnist", "cifar10")
 SIGMA, Q, DELTA = 1.1, 0.015, 1e-5
+#: where R_c comes from: the paper's classic conversion, or a tight accountant (RDP, PLD)
+RC_ACCOUNTANTS = ("paper", "rdp", "pld")
+
+
+def rc_variant(rc_accountant: str, r_c: int) -> str:
+    """The record's variant label for an R_c taken from a tight accountant ("" for the
+    paper's), shared by this runner and authors_step.py."""
+    return "" if rc_accountant == "paper" else f"R_c by {rc_accountant} ({r_c})"
 
 
 @dataclass(frozen=True)
@@ -346,9 +354,9 @@ def record_row(rec: dict, args: argparse.Namespace) -> None:
         shared.append(f"normalizer={args.normalizer}")
     if getattr(args, "clip_norm", None) is not None:
         shared.append(f"clip_norm = {args.clip_norm:g}")
-    rc_accountant = getattr(args, "rc_accountant", "paper")
-    if rc_accountant != "paper":
-        shared.append(f"R_c by {rc_accountant} ({rec['R_c']})")
+    rc_label = rc_variant(getattr(args, "rc_accountant", "paper"), rec["R_c"])
+    if rc_label:
+        shared.append(rc_label)
     noise_free = bool(getattr(args, "noise_free", False))
     if noise_free:
         shared.append("noise-free (sigma = 0)")
@@ -448,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rc-accountant",
         default="paper",
-        choices=["paper", "rdp", "pld"],
+        choices=RC_ACCOUNTANTS,
         help="R_c from the paper's classic conversion (default) or the most iterations a "
         "tight accountant keeps within epsilon (DP-valid; the ledger uses that accountant)",
     )

@@ -133,6 +133,13 @@ DEVIATIONS = (
 # --------------------------------------------------------------------------- data
 
 
+def _check_normalisation(normalisation: str) -> None:
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(
+            f"normalisation must be one of {sorted(NORMALISATIONS)}, got {normalisation!r}"
+        )
+
+
 def load_pooled_fmnist(
     root: Path = DATA_ROOT, normalisation: str = "authors"
 ) -> tuple[torch.Tensor, np.ndarray]:
@@ -141,10 +148,7 @@ def load_pooled_fmnist(
     the int64 labels. ``normalisation="raydpfl"`` normalises with raydpfl's statistics
     instead (mean 0.2860, std 0.3530), through raydpfl's own loader code, so those inputs
     equal raydpfl's bit for bit (it scales by float32(1/255), not by dividing by 255)."""
-    if normalisation not in NORMALISATIONS:
-        raise ValueError(
-            f"normalisation must be one of {sorted(NORMALISATIONS)}, got {normalisation!r}"
-        )
+    _check_normalisation(normalisation)
     parts = {k: read_idx(Path(root) / v) for k, v in IDX_FILES.items()}
     images = np.concatenate([parts["train_images"], parts["test_images"]])
     labels = np.concatenate([parts["train_labels"], parts["test_labels"]]).astype(np.int64)
@@ -420,10 +424,7 @@ def build_clients(
     """The clients' tensors for a cell's partition. `subset` (tests) keeps that fraction of
     each client's train and test split (at least one sample each); `normalisation` names
     the one `x` went through (load_pooled_fmnist's argument), so the record can say it."""
-    if normalisation not in NORMALISATIONS:
-        raise ValueError(
-            f"normalisation must be one of {sorted(NORMALISATIONS)}, got {normalisation!r}"
-        )
+    _check_normalisation(normalisation)
     y = torch.from_numpy(labels)
     out = []
     for train, test in authors_partition(labels, alpha):
@@ -469,10 +470,7 @@ def run(
     t_start = time.perf_counter()
     if divisor not in DIVISORS:
         raise ValueError(f"divisor must be one of {DIVISORS}, got {divisor!r}")
-    if normalisation not in NORMALISATIONS:
-        raise ValueError(
-            f"normalisation must be one of {sorted(NORMALISATIONS)}, got {normalisation!r}"
-        )
+    _check_normalisation(normalisation)
     if clients is None:
         x, labels = load_pooled_fmnist(normalisation=normalisation)
         clients = build_clients(x, labels, cell.alpha, normalisation=normalisation)
@@ -569,9 +567,8 @@ def variant_of(
 ) -> str:
     """The record's variant: "" for the faithful run (σ = 1.1, C = 0.1, divisor 64, the
     authors' normalisation, the paper's R_c)."""
-    parts = []
-    if rc_accountant != "paper":
-        parts.append(f"R_c by {rc_accountant} ({r_c})")
+    rc_label = ali_dpfl.rc_variant(rc_accountant, r_c or 0)
+    parts = [rc_label] if rc_label else []
     if sigma == 0:
         parts.append("sigma=0 (noise-free, clipped)")
     elif sigma != SIGMA:
@@ -851,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--rc-accountant",
-        choices=["paper", "rdp", "pld"],
+        choices=ali_dpfl.RC_ACCOUNTANTS,
         default="paper",
         help="R_c by the paper's classic conversion, or the most iterations within epsilon "
         "by RDP (the authors' code's improved conversion: 281 at eps 1.55) or PLD",

@@ -524,7 +524,6 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "server_momentum": args.server_momentum,
             "calibration": args.calibration,
-            "noise_free": args.noise_free,
         }
         print_record(rec, args.dataset)
         sys.stdout.flush()
