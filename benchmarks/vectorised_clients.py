@@ -84,10 +84,10 @@ def make_case(
         model_name, steps = "fedavg_cnn", 5
         q = 50.0 / (sum(sizes) / clients)
     elif case == "rc":
-        clients = 6
-        sizes = [2857] * clients
+        clients, records, batch = 6, 2857, 32
+        sizes = [records] * clients
         model_name, steps = "rc_cnn", rc_steps
-        q = 32.0 / 2857
+        q = batch / records
     else:
         raise ValueError(case)
     model_name = model or model_name
