@@ -30,7 +30,8 @@ Row fields (``ROW_FIELDS``; every row has all of them, ``None`` where not applic
   an ablation);
 - ``commit``, ``command``, ``wall_s``, ``date`` (UTC), ``source`` (``run`` for a row written
   by a runner of raydpfl's engine; ``authors' code`` for a row written by
-  ``authors_step.py``, the re-implementation of a paper's published code, shown beside
+  ``authors_step.py`` or ``authors_step_fedfdp.py``, the re-implementations of a paper's
+  published code, shown beside
   ours, never pooled with it; ``README (commit ...)`` for a number taken from the docs),
   ``note``,
   ``extra`` (a dict of anything else the runner measured).

@@ -14,10 +14,11 @@ with the same schedule are pooled over seeds (mean ± sample std; a run repeated
 commits counts once, its row at the record commit preferred, else its latest). A non-DP ablation (a
 published step that is not DP, ``dp: false``) is shown beside ours, labelled *not DP*;
 variants and studies (``variant`` set) get their own table, and so do ablations of our own
-pipeline that are not DP (``noise-free``), labelled *not DP* there; rows of a paper's published
-code re-implemented (``source: "authors' code"``, ``authors_step.py``) get theirs, beside
-the paper's number and ours, never pooled with ours; cells with no row at all are listed
-as never run. The output depends only on the two files, so it is deterministic.
+pipeline that are not DP (``noise-free``), labelled *not DP* there; rows of a paper's
+published code re-implemented (``source: "authors' code"``, written by the paper's
+``authors_runner``) get theirs, beside the paper's number and ours, never pooled with
+ours; cells with no row at all are listed as never run. The output depends only on the
+two files, so it is deterministic.
 
 Provenance: every table names the commits its pooled rows were made at (``+dirty``: an
 uncommitted tree, which no commit reproduces), and marks with † a commit other than the
@@ -324,17 +325,20 @@ def authors_table(
     main: dict[tuple, list[dict[str, Any]]],
     paper_of: dict[tuple, dict[str, Any]],
     record_commit: str | None = None,
+    runner: str = "benchmarks/repro/authors_step.py",
+    notes: str | None = "benchmarks/repro/notes/authors_step_differences.md",
 ) -> list[str]:
     """The rows of a paper's published code re-implemented (``source: authors' code``,
-    `authors_step.py`), per cell and variant, beside the paper's number and our engine's
-    full-schedule rows of the same cell. Never pooled with ours, never counted as a run."""
+    written by ``runner``, its differences from our step in ``notes``), per cell and
+    variant, beside the paper's number and our engine's full-schedule rows of the same
+    cell. Never pooled with ours, never counted as a run."""
+    where = f"; its differences from our step are in `{notes}`" if notes else ""
     out = [
         "### The authors' published code, re-implemented",
         "",
-        "Rows with `source: authors' code` (`benchmarks/repro/authors_step.py`: the authors' "
-        "public code re-implemented at the settings the spec infers; its differences from "
-        "our step are in `benchmarks/repro/notes/authors_step_differences.md`). They are "
-        "shown beside ours, not pooled with them.",
+        f"Rows with `source: authors' code` (`{runner}`: the authors' public code "
+        f"re-implemented at the settings the spec infers{where}). They are shown beside "
+        "ours, not pooled with them.",
         "",
         "| table | setting | method | ε | variant | paper | authors' code | Δ | ours (same cell) "
         "| rounds run of paper's | commits |",
@@ -530,8 +534,16 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         else:
             body += ["No cell of this paper has been run with a published number to compare.", ""]
         if authors:
-            body += authors_table(authors, main, paper_of, record_commit)
-            body += differences_table(doc["papers"][paper].get("differences"))
+            meta = doc["papers"][paper]
+            body += authors_table(
+                authors,
+                main,
+                paper_of,
+                record_commit,
+                meta.get("authors_runner", "benchmarks/repro/authors_step.py"),
+                meta.get("differences"),
+            )
+            body += differences_table(meta.get("differences"))
         if nogap:
             body += [
                 "### Runs with no published number",
