@@ -300,7 +300,33 @@ class AuthorsClient:
         self.divisor, self.accumulator = divisor, accumulator
         self.accum = {k: torch.zeros_like(v) for k, v in params.items()}
         self.last_loss = LOSS_CLIP_START
-        self.stats = {"steps": 0, "empty": 0, "samples": 0, "empty_loss_batches": 0}
+        self.stats = {
+            "steps": 0,
+            "empty": 0,
+            "samples": 0,
+            "empty_loss_batches": 0,
+            # samples whose gradient norm exceeds C (clipped), and whose fair coefficient
+            # differs from the plain clip coefficient by more than 0.1 % (λ acts on them)
+            "clipped_samples": 0,
+            "fair_active_samples": 0,
+        }
+
+    def _count_clipping(
+        self, losses: torch.Tensor, norms: torch.Tensor, global_loss: float
+    ) -> None:
+        plain = fair_coefficients(
+            losses, norms, clip=self.clip, lam=0.0, global_loss=0.0, fairness=False
+        )
+        fair = fair_coefficients(
+            losses,
+            norms,
+            clip=self.clip,
+            lam=self.lam,
+            global_loss=global_loss,
+            fairness=self.fairness,
+        )
+        self.stats["clipped_samples"] += int((norms > self.clip).sum())
+        self.stats["fair_active_samples"] += int(((fair - plain).abs() > 1e-3 * plain).sum())
 
     def train(
         self, model: nn.Module, global_params: pfllib.Params, global_loss: float,
@@ -314,15 +340,20 @@ class AuthorsClient:
         if idx.numel() == 0:
             self.stats["empty"] += 1
         else:
-            summed, _, _ = clipped_sum(
+            summed, losses, norms = clipped_sum(
                 params,
                 self.data.x_train[idx],
                 self.data.y_train[idx],
                 lambda losses, norms: fair_coefficients(
-                    losses, norms, clip=self.clip, lam=self.lam, global_loss=global_loss,
+                    losses,
+                    norms,
+                    clip=self.clip,
+                    lam=self.lam,
+                    global_loss=global_loss,
                     fairness=self.fairness,
                 ),
-            )  # fmt: skip
+            )
+            self._count_clipping(losses, norms, global_loss)
             if self.accumulator == "zero":
                 for a in self.accum.values():
                     a.zero_()
@@ -478,6 +509,8 @@ def run(
         "empty_batches": totals["empty"],
         "empty_loss_batches": totals["empty_loss_batches"],
         "mean_batch": totals["samples"] / totals["steps"] if totals["steps"] else 0.0,
+        "clipped_fraction": totals["clipped_samples"] / max(totals["samples"], 1),
+        "fair_active_fraction": totals["fair_active_samples"] / max(totals["samples"], 1),
         "train_sizes": sizes,
         "test_sizes": [len(c.y_test) for c in clients],
         "eval_every": eval_every,
@@ -575,6 +608,8 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
                 "empty_batches",
                 "empty_loss_batches",
                 "mean_batch",
+                "clipped_fraction",
+                "fair_active_fraction",
                 "eval_every",
                 "sigma",
                 "loss_sigma",
@@ -753,7 +788,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{rec['best_accuracy']:.2f} server (20%) last "
                     f"{rec['server_accuracy_last']:.2f} best {rec['server_accuracy_best']:.2f} "
                     f"(paper {paper}), {rec['rounds']} rounds (T = {rec['budget_rounds']}), "
-                    f"{rec['empty_batches']} empty draws, {rec['seconds_per_round']:.2f} "
+                    f"{rec['empty_batches']} empty draws, clipped "
+                    f"{rec['clipped_fraction']:.3f}, fair weight active "
+                    f"{rec['fair_active_fraction']:.3f}, {rec['seconds_per_round']:.2f} "
                     f"s/round, {rec['wall_seconds']:.0f} s",
                     flush=True,
                 )

@@ -172,6 +172,28 @@ def test_the_gradient_noise_has_std_c_sigma_over_64(m):
     assert abs(noise.mean().item()) < 0.002
 
 
+def test_at_c_0_1_every_gradient_is_clipped_and_the_fair_weight_cancels(m):
+    # s·min(C/(s‖g‖ + 1e-6), 1) = C/‖g‖ whenever s‖g‖ > C: at the paper's C = 0.1 λ acts on
+    # no sample; with a clip above the norms it acts on every one (s ≠ 1)
+    model, params = _params(m)
+    (data,) = _clients(m, [600])
+    counts = {}
+    for clip in (0.1, 1e4):
+        c = m.AuthorsClient(
+            data, params, fairness=True, lam=0.5, clip=clip, sigma=0.0, loss_sigma=5.0,
+            divisor=64.0, accumulator="zero",
+        )  # fmt: skip
+        c.train(
+            model, params, 1.0, 1.0, torch.Generator().manual_seed(2), np.random.RandomState(0)
+        )
+        counts[clip] = c.stats
+    n = counts[0.1]["samples"]
+    assert n > 0 and counts[0.1]["clipped_samples"] == n
+    assert counts[0.1]["fair_active_samples"] == 0
+    assert counts[1e4]["clipped_samples"] == 0
+    assert counts[1e4]["fair_active_samples"] == counts[1e4]["samples"]
+
+
 def test_loss_upload_and_psi_are_the_codes(m):
     rs = np.random.RandomState(3)
     expect_noise = np.random.RandomState(3).normal(0, 2.5 * 5.0)
@@ -186,6 +208,9 @@ def test_a_run_on_synthetic_clients_and_its_row(m):
     rec = m.run(cell, "fedfdp", 0, rounds_cap=2, clients=clients, log=lambda s: 0)
     assert rec["rounds"] == 2 and rec["rounds_schedule"] == 269 and rec["budget_rounds"] == 268
     assert rec["lambda"] == 0.1 and rec["accumulator"] == "keep" and rec["steps_taken"] >= 3
+    assert rec["clipped_fraction"] == 1.0  # synthetic images: every norm is far above 0.1
+    assert rec["fair_active_fraction"] == 0.0
+    assert m.record_row(rec)["extra"]["clipped_fraction"] == rec["clipped_fraction"]
     row = m.record_row(rec)
     assert row["source"] == "authors' code" and row["paper"] == "fedfdp"
     assert (row["table"], row["setting"], row["method"], row["epsilon"]) == (
