@@ -806,17 +806,46 @@ def differences_markdown() -> str:
         "`dp_fedavg_fixed_tau` at the `benchmarks/repro/ali_dpfl.py` preset. "
         "`authors_step.py` re-implements the left column; its rows in "
         "benchmarks/repro/results.jsonl carry `source: authors' code`.",
+    ]
+    return differences_document(lines, DIFFERENCES, MEASURED)
+
+
+def differences_document(
+    head: Sequence[str],
+    differences: Sequence[tuple[str, str, str, str, str]],
+    measured: Sequence[str],
+) -> str:
+    """A notes file: `head` (title and provenance lines), the table of `differences`
+    (what, authors' code, raydpfl, DP-valid?, measured effect) and the `measured`
+    paragraphs below it. Shared by every authors'-code runner."""
+    lines = [
+        *head,
         "",
         "| difference | authors' code | raydpfl | DP-valid? | measured effect |",
         "|---|---|---|---|---|",
     ]
-    for row in DIFFERENCES:
+    for row in differences:
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
-    lines += ["", *MEASURED]
+    lines += ["", *measured]
     return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- CLI
+
+
+def save_run(
+    rec: dict[str, Any],
+    results: Path,
+    row_of: Callable[[dict[str, Any]], dict[str, Any]],
+    no_record: bool,
+) -> str:
+    """Writes one run: its record to `results`, its row (`row_of(rec)`) to the reproduction
+    record unless `no_record`; returns the paper's number as printed ("—" if none).
+    Shared by every authors'-code runner."""
+    _record.append_json(results, rec)
+    if not no_record:
+        _record.record(**row_of(rec))
+    return "—" if rec["paper"] is None else f"{rec['paper']:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -890,10 +919,7 @@ def main(argv: list[str] | None = None) -> int:
                     log=lambda s: print(s, flush=True),
                 )
                 rec["subset"] = args.subset
-                _record.append_json(RESULTS, rec)
-                if not args.no_record:
-                    _record.record(**record_row(rec))
-                paper = "—" if rec["paper"] is None else f"{rec['paper']:.2f}"
+                paper = save_run(rec, RESULTS, record_row, args.no_record)
                 print(
                     f"{key} tau{tau} seed {seed} sigma {args.sigma:g} C {args.clip:g} divisor "
                     f"{args.divisor} normalisation {args.normalisation}: best "

@@ -311,13 +311,10 @@ class AuthorsClient:
             "fair_active_samples": 0,
         }
 
-    def _count_clipping(
+    def _coefficients(
         self, losses: torch.Tensor, norms: torch.Tensor, global_loss: float
-    ) -> None:
-        plain = fair_coefficients(
-            losses, norms, clip=self.clip, lam=0.0, global_loss=0.0, fairness=False
-        )
-        fair = fair_coefficients(
+    ) -> torch.Tensor:
+        return fair_coefficients(
             losses,
             norms,
             clip=self.clip,
@@ -325,6 +322,14 @@ class AuthorsClient:
             global_loss=global_loss,
             fairness=self.fairness,
         )
+
+    def _count_clipping(
+        self, losses: torch.Tensor, norms: torch.Tensor, global_loss: float
+    ) -> None:
+        plain = fair_coefficients(
+            losses, norms, clip=self.clip, lam=0.0, global_loss=0.0, fairness=False
+        )
+        fair = self._coefficients(losses, norms, global_loss)
         self.stats["clipped_samples"] += int((norms > self.clip).sum())
         self.stats["fair_active_samples"] += int(((fair - plain).abs() > 1e-3 * plain).sum())
 
@@ -344,14 +349,7 @@ class AuthorsClient:
                 params,
                 self.data.x_train[idx],
                 self.data.y_train[idx],
-                lambda losses, norms: fair_coefficients(
-                    losses,
-                    norms,
-                    clip=self.clip,
-                    lam=self.lam,
-                    global_loss=global_loss,
-                    fairness=self.fairness,
-                ),
+                lambda losses, norms: self._coefficients(losses, norms, global_loss),
             )
             self._count_clipping(losses, norms, global_loss)
             if self.accumulator == "zero":
@@ -707,14 +705,8 @@ def differences_markdown() -> str:
         "`benchmarks/repro/fedfdp.py` preset. `authors_step_fedfdp.py` re-implements the "
         "left column; its rows in benchmarks/repro/results.jsonl carry `source: authors' "
         "code`.",
-        "",
-        "| difference | authors' code | raydpfl | DP-valid? | measured effect |",
-        "|---|---|---|---|---|",
     ]
-    for row in DIFFERENCES:
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
-    lines += ["", *MEASURED]
-    return "\n".join(lines) + "\n"
+    return pfllib.differences_document(lines, DIFFERENCES, MEASURED)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -778,10 +770,7 @@ def main(argv: list[str] | None = None) -> int:
                     log=lambda s: print(s, flush=True),
                 )  # fmt: skip
                 rec["subset"] = args.subset
-                _record.append_json(RESULTS, rec)
-                if not args.no_record:
-                    _record.record(**record_row(rec))
-                paper = "—" if rec["paper"] is None else f"{rec['paper']:.2f}"
+                paper = pfllib.save_run(rec, RESULTS, record_row, args.no_record)
                 print(
                     f"{key} {method} seed {seed} accumulator {args.accumulator} divisor "
                     f"{args.divisor}: final {rec['final_accuracy']:.2f} best "

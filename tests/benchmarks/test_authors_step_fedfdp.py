@@ -43,6 +43,22 @@ def _clients(m, sizes):
     return out
 
 
+def _client(m, data, params, **kw):
+    """An AuthorsClient at the paper's settings (C = 0.1, σ_l = 5, divisor 64, plain
+    DP-FedAvg, noise-free, accumulator zeroed) with `kw` changed."""
+    args = dict(
+        fairness=False, lam=0.0, clip=0.1, sigma=0.0, loss_sigma=5.0, divisor=64.0,
+        accumulator="zero",
+    )  # fmt: skip
+    return m.AuthorsClient(data, params, **{**args, **kw})
+
+
+def _train(m, client, model, params, seed, global_loss=0.0):
+    """One round of `client` from `params` with its streams seeded `seed` (torch) and 0."""
+    gen = torch.Generator().manual_seed(seed)
+    return client.train(model, params, global_loss, 1.0, gen, np.random.RandomState(0))
+
+
 def test_rounds_are_the_codes_bisection_spec_6_3(m):
     # spec §6.3 recomputed the code's T (gradient mechanism only, its orders, Balle
     # conversion, its bisection that may overshoot by ≤ 0.01): an exact match to 001 Fig. 4
@@ -113,10 +129,7 @@ def test_the_accumulator_is_never_zeroed_unless_asked(m):
     (data,) = _clients(m, [400])
     steps = {}
     for acc in ("keep", "zero"):
-        client = m.AuthorsClient(
-            data, params, fairness=False, lam=0.0, clip=0.1, sigma=0.0, loss_sigma=5.0,
-            divisor=64.0, accumulator=acc,
-        )  # fmt: skip
+        client = _client(m, data, params, accumulator=acc)
         gen = torch.Generator().manual_seed(1)
         rs = np.random.RandomState(1)
         first, _, _ = client.train(model, params, 0.0, 1.0, gen, rs)
@@ -130,10 +143,7 @@ def test_the_accumulator_is_never_zeroed_unless_asked(m):
         torch.testing.assert_close(k_second[k], z_second[k] - first_sum[k] / 64, atol=1e-7, rtol=0)
     assert keep.stats["steps"] == 2 and keep.stats["samples"] > 0
     with pytest.raises(ValueError, match="accumulator must be one of"):
-        m.AuthorsClient(
-            data, params, fairness=False, lam=0.0, clip=0.1, sigma=0.0, loss_sigma=5.0,
-            divisor=64.0, accumulator="reset",
-        )  # fmt: skip
+        _client(m, data, params, accumulator="reset")
 
 
 def test_the_gradient_noise_has_std_c_sigma_over_64(m):
@@ -141,31 +151,14 @@ def test_the_gradient_noise_has_std_c_sigma_over_64(m):
     # the sum, times lr/64
     model, params = _params(m)
     (tiny,) = _clients(m, [15])  # ⌊15·0.05⌋ = 0: every draw is empty
-    c = m.AuthorsClient(
-        tiny, params, fairness=True, lam=0.1, clip=0.1, sigma=2.0, loss_sigma=5.0,
-        divisor=64.0, accumulator="keep",
-    )  # fmt: skip
-    out, upload, _ = c.train(
-        model, params, 0.0, 1.0, torch.Generator().manual_seed(0), np.random.RandomState(0)
-    )
+    c = _client(m, tiny, params, fairness=True, lam=0.1, sigma=2.0, accumulator="keep")
+    out, upload, _ = _train(m, c, model, params, 0)
     assert all(torch.equal(out[k], params[k]) for k in params)  # no step, no noise
     assert c.stats["empty"] == 1 and c.stats["empty_loss_batches"] == 1
     assert abs(upload) > 1e6  # bug (c) replicated: the loss noise divided by 1e-10
     (data,) = _clients(m, [400])
-    noisy = m.AuthorsClient(
-        data, params, fairness=False, lam=0.0, clip=0.1, sigma=2.0, loss_sigma=5.0,
-        divisor=64.0, accumulator="zero",
-    )  # fmt: skip
-    clean = m.AuthorsClient(
-        data, params, fairness=False, lam=0.0, clip=0.1, sigma=0.0, loss_sigma=5.0,
-        divisor=64.0, accumulator="zero",
-    )  # fmt: skip
-    a, _, _ = noisy.train(
-        model, params, 0.0, 1.0, torch.Generator().manual_seed(4), np.random.RandomState(0)
-    )
-    b, _, _ = clean.train(
-        model, params, 0.0, 1.0, torch.Generator().manual_seed(4), np.random.RandomState(0)
-    )
+    a, _, _ = _train(m, _client(m, data, params, sigma=2.0), model, params, 4)
+    b, _, _ = _train(m, _client(m, data, params), model, params, 4)
     noise = torch.cat([(b[k] - a[k]).flatten() for k in params]) * 64  # lr = 1
     assert noise.numel() == 582_026
     assert noise.std().item() == pytest.approx(0.1 * 2.0, rel=0.01)
@@ -179,13 +172,8 @@ def test_at_c_0_1_every_gradient_is_clipped_and_the_fair_weight_cancels(m):
     (data,) = _clients(m, [600])
     counts = {}
     for clip in (0.1, 1e4):
-        c = m.AuthorsClient(
-            data, params, fairness=True, lam=0.5, clip=clip, sigma=0.0, loss_sigma=5.0,
-            divisor=64.0, accumulator="zero",
-        )  # fmt: skip
-        c.train(
-            model, params, 1.0, 1.0, torch.Generator().manual_seed(2), np.random.RandomState(0)
-        )
+        c = _client(m, data, params, fairness=True, lam=0.5, clip=clip)
+        _train(m, c, model, params, 2, global_loss=1.0)
         counts[clip] = c.stats
     n = counts[0.1]["samples"]
     assert n > 0 and counts[0.1]["clipped_samples"] == n
