@@ -713,6 +713,11 @@ MEASURED: tuple[str, ...] = (
     "above raydpfl's 62.95 ± 1.58 (3 seeds); with raydpfl's divisor 1/(q·|D_i|) in place "
     "of 1/64 as well, **64.87**.",
     "",
+    "Seeds 1 and 2 (commit 9ea952d, `--seeds 1` / `--seeds 2`, the same partition, other "
+    "streams): DP-FedAvg 83.56 and 82.18, FedFDP 83.99 and 80.74, so **82.05 ± 1.58** and "
+    "**81.97 ± 1.76** over seeds 0-2 (paper 82.69 and 83.15). FedFDP minus DP-FedAvg is "
+    "+0.79, +0.43 and -1.44 on the three seeds; λ acted on no sample in any of them.",
+    "",
     "Table 6 ε = 4 (σ = 1.65, T = 607 + 1), DP-FedAvg, seed 0, commit 9ea952d: "
     "**81.36** (paper 86.83; raydpfl 69.25 ± 0.12), again NOT DP.",
     "",
