@@ -718,8 +718,9 @@ MEASURED: tuple[str, ...] = (
     "**81.97 ± 1.76** over seeds 0-2 (paper 82.69 and 83.15). FedFDP minus DP-FedAvg is "
     "+0.79, +0.43 and -1.44 on the three seeds; λ acted on no sample in any of them.",
     "",
-    "Table 6 ε = 4 (σ = 1.65, T = 607 + 1), DP-FedAvg, seed 0, commit 9ea952d: "
-    "**81.36** (paper 86.83; raydpfl 69.25 ± 0.12), again NOT DP.",
+    "Table 6 ε = 3 (σ = 2, T = 582 + 1), DP-FedAvg, seed 0, commit 9ea952d: **82.05** "
+    "(paper 84.07; raydpfl 69.04 ± 0.16). Table 6 ε = 4 (σ = 1.65, T = 607 + 1), DP-FedAvg, "
+    "seed 0, commit 9ea952d: **81.36** (paper 86.83; raydpfl 69.25 ± 0.12). Both NOT DP.",
     "",
     "FedFDP's fairness weight is inert in the authors' code at these settings: no sample's "
     "clip coefficient moved by λ, so FedFDP is DP-FedAvg plus an uncounted loss upload "
