@@ -792,7 +792,7 @@ MEASURED = (
     "the paper's 79.98: their code's own iteration budget closes 17.8 of the 32.2 points "
     "between it and its paper, C the rest or more (75.90 at C = 3 with R_c = 79). Both "
     "together (`--clip 3 --rc-accountant rdp`, commit 2b0e637) reach 76.81, 76.68 and 77.56 "
-    "best on seeds 0-2, **77.02 ± 0.48**, 3.0 points below the paper: at DP-valid settings "
+    "best on seeds 0-2, **77.01 ± 0.48**, 3.0 points below the paper: at DP-valid settings "
     "the paper does not state, its own code comes within 3 points of its table.",
 )
 
