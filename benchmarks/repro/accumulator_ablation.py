@@ -45,7 +45,7 @@ import raydpfl.papers.ali_dpfl.algorithm as ali_dpfl  # noqa: E402
 from raydpfl.algorithms.base import ClientResult, parameter_delta, privacy_session  # noqa: E402
 from raydpfl.config import config_from_dict  # noqa: E402
 from raydpfl.experiment.build import build_experiment, run_experiment  # noqa: E402
-from raydpfl.privacy.dpsgd import dp_sgd_gradient  # noqa: E402
+from raydpfl.privacy.dpsgd import add_gaussian_noise, dp_sgd_gradient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _record  # noqa: E402
@@ -92,21 +92,24 @@ RECORD_CELLS = {
 def code_client_step(keep: bool):
     """DP-FedAvg's client step as the authors' code runs it (see the module docstring).
 
-    Each step samples its Poisson batch and adds its noise through the task's declared
-    mechanism (the privacy kernel's live `SubsampledGaussian`: `sample`, then `noisy_sum`
-    on the accumulator), so the ledger's receipt check passes; what the kernel cannot see
-    is that with ``keep`` the sum it noises holds every past clipped gradient too: the
-    sensitivity grows with the step, and the run is NOT DP. Both draws come from the
-    client's own stream (sampling first, then the noise, per step).
+    Each step samples its Poisson batch through the task's declared mechanism (the
+    privacy kernel's live `SubsampledGaussian`) and adds σC noise from that mechanism's
+    stream to the accumulator, then completes the invocation. No plug-in can do this: the
+    platform's private step noises the clipped sum it computed itself, so this ablation
+    reaches into the kernel's private members (`_gather`, `_generator`, `_complete`) to
+    re-create the authors' pipeline. With ``keep`` the noised sum holds every past clipped
+    gradient too: the sensitivity grows with the step, and the run is NOT DP. Both draws
+    come from the client's own stream (sampling first, then the noise, per step), as in
+    the runs of the record.
     """
     accumulators: dict[int, dict[str, torch.Tensor]] = {}
 
     def step(ctx, params, data, task, **_):
-        live = privacy_session(ctx, task).dp_sgd()
+        live = privacy_session(ctx, task, data).dp_sgd()
         start = {n: p.clone() for n, p in params.items()}
         n = data.num_examples
         for _ in range(task.local_steps):
-            x, y = data.batch(live.sample(n))
+            x, y = data._gather(live.sample()._positions)
             clipped_sum, _stats = dp_sgd_gradient(
                 ctx.clipping,
                 params,
@@ -115,7 +118,7 @@ def code_client_step(keep: bool):
                 clip_norm=live.clip_norm,
                 noise_multiplier=0.0,
                 expected_batch_size=1.0,
-                generator=ctx.generator,
+                generator=live._generator,  # σ = 0: nothing is drawn
             )
             acc = accumulators.setdefault(
                 task.client_id, {k: torch.zeros_like(v) for k, v in clipped_sum.items()}
@@ -125,7 +128,10 @@ def code_client_step(keep: bool):
                     acc[name].add_(clipped_sum[name])
                 else:
                     acc[name].copy_(clipped_sum[name])
-            noisy = live.noisy_sum({k: v.clone() for k, v in acc.items()})  # + N(0, σ²C²)
+            noisy = add_gaussian_noise(  # + N(0, σ²C²) from the mechanism's stream
+                {k: v.clone() for k, v in acc.items()}, live.mechanism.noise_std, live._generator
+            )
+            live._complete(True, "")
             with torch.no_grad():
                 for name, p in params.items():
                     p.sub_(noisy[name] / CODE_DIVISOR, alpha=task.lr)

@@ -30,7 +30,10 @@ from torch import nn
 
 from raydpfl.privacy.dpsgd import ClippedSumEngine
 from raydpfl.privacy.kernel import (
+    RAW_RECORDS_NOTE,
+    ClientRecords,
     MechanismUse,
+    PrivacyContractError,
     PrivacySession,
     Receipt,
     SubsampledGaussian,
@@ -65,6 +68,10 @@ class ClientTask:
             the client's RNG stream, so a follow-up never replays the training draws.
         payload: Per-client tensors sent with the task (e.g. the client's own last local
             model, which a stateless worker no longer holds).
+        client_update_bound: Set by the server in a client-level round: the round's S. The
+            worker refuses an upload whose norm exceeds it (or, with distributed noise, one
+            that is not exactly what the client's `GaussianShare` released). What the
+            server half puts here is overwritten.
 
     The DP-SGD view (`sampling_rate`, `clip_norm`, `noise_multiplier`) and the charge
     (`privacy_costs`) are read-only, derived from `mechanisms`.
@@ -80,6 +87,7 @@ class ClientTask:
     extras: Mapping[str, float] = field(default_factory=dict)
     kind: str = "train"
     payload: Mapping[str, torch.Tensor] | None = None
+    client_update_bound: float | None = None
 
     def __post_init__(self) -> None:
         mechanisms = tuple(self.mechanisms)
@@ -89,6 +97,12 @@ class ClientTask:
                     "ClientTask.mechanisms holds MechanismUse values "
                     "(raydpfl.privacy.kernel.uses(mechanism, count)), got "
                     f"{type(use).__name__}"
+                )
+            if use.count < 1:
+                raise PrivacyContractError(
+                    f"client {self.client_id}, round {self.round_idx + 1} ({self.kind} task): "
+                    f"declares {use.describe()}; a declared mechanism is invoked at least "
+                    "once (leave out a mechanism the task does not use)"
                 )
         object.__setattr__(self, "mechanisms", mechanisms)
 
@@ -178,28 +192,37 @@ class ClientResult:
     receipt: Receipt | None = None
 
 
-@dataclass
-class ClientData:
-    """A client's records as a view into the worker's resident data pool.
+class ClientData(ClientRecords):
+    """A client's training records, held by the platform.
 
-    `x` and `y` are the whole pool (shared by every client of the worker); `indices`
-    selects this client's records, so a batch gathers only the rows it samples.
+    The records are the worker's resident pool and this client's rows in it; the client
+    half of a private algorithm reaches them through the platform's primitives: the private
+    step and the noisy loss query of its task's `PrivacySession` (`ClientContext.privacy`),
+    and evaluation. `batch` and `records` hand out raw records: for a private algorithm the
+    platform then lists ``raw_record_access`` in the run's ``unaccounted_releases``
+    (non-private algorithms read them freely).
     """
 
-    client_id: int
-    x: torch.Tensor
-    y: torch.Tensor
-    indices: torch.Tensor
-
-    @property
-    def num_examples(self) -> int:
-        """|D_i|."""
-        return int(self.indices.numel())
+    def __init__(
+        self, client_id: int, x: torch.Tensor, y: torch.Tensor, indices: torch.Tensor
+    ) -> None:
+        super().__init__(x, y, indices)
+        self.client_id = int(client_id)
+        self._session: PrivacySession | None = None  # the worker's session for this task
 
     def batch(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The records at `positions` (0-based within the client's data)."""
-        rows = self.indices[positions]
-        return self.x[rows], self.y[rows]
+        """The raw records at `positions` (0-based within the client's data); listed as
+        ``raw_record_access`` in a private run."""
+        if self._session is not None:
+            self._session._note(RAW_RECORDS_NOTE)
+        return self._gather(positions)
+
+    def records(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All of the client's raw records (listed like `batch`)."""
+        return self.batch(torch.arange(self.num_examples, device=self.device))
+
+    def __repr__(self) -> str:
+        return f"ClientData(client_id={self.client_id}, num_examples={self.num_examples})"
 
 
 @dataclass
@@ -209,12 +232,15 @@ class ClientContext:
     Attributes:
         model: The worker's one resident model (used functionally; never trained in place).
         clipping: Per-sample clipping engine built once for that model (book-keeping
-            or torch.func; see `raydpfl.privacy.engines.make_engine`).
-        generator: The client's RNG stream for this round (sampling and noise).
+            or torch.func; see `raydpfl.privacy.engines.make_engine`). The private step
+            always uses the worker's own engine, whatever is passed around.
+        generator: A stream for the client half's own randomness (shuffling, probes): for
+            a private algorithm it is *not* the stream the mechanisms draw their samples
+            and noise from, which only the platform holds.
         device: Where tensors live.
-        privacy: The task's declared mechanisms, live (`raydpfl.privacy.kernel`): the
-            only way a client half draws a charged release. Set by the worker; see
-            `privacy_session` for direct calls.
+        privacy: The task's declared mechanisms, live and bound to the client's records
+            (`raydpfl.privacy.kernel`): the only way a client half makes a charged
+            release. Set by the worker (`direct_context` for tests and notebooks).
     """
 
     model: nn.Module
@@ -222,19 +248,85 @@ class ClientContext:
     generator: torch.Generator
     device: torch.device
     privacy: PrivacySession | None = None
-    _direct: PrivacySession | None = field(default=None, repr=False, compare=False)
 
 
-def privacy_session(ctx: ClientContext, task: ClientTask) -> PrivacySession:
-    """The task's privacy session: the worker's (`ctx.privacy`, whatever task object the
-    client half passes around), or, when a client half is called directly (tests,
-    notebooks), one built from `task.mechanisms` on the context's stream and kept on `ctx`
-    for that declaration, so every release of the call is counted once."""
-    if ctx.privacy is not None:
+def privacy_session(
+    ctx: ClientContext, task: ClientTask, data: ClientData | None = None
+) -> PrivacySession:
+    """The task's privacy session: the one the platform bound to the client's records.
+
+    On a worker that is `data`'s (or `ctx.privacy`), whatever context or task object the
+    client half passes around. Called directly (tests, notebooks: `data` built by hand,
+    so no worker session exists), one is built from `task.mechanisms` on the context's
+    stream, bound to `data`, and kept on `data` for that declaration, so every release of
+    the call is counted once; a `ClientData` made from records read through `batch` is
+    such a hand-built one, and that read is what the run lists.
+
+    Raises:
+        PrivacyContractError: Neither a session nor records to bind one to.
+    """
+    if data is not None and data._session is not None:
+        session = data._session
+        if getattr(session, "_direct", None) is None:
+            return session  # the worker's
+        if session._direct is ctx.generator and session.declared == task.mechanisms:  # type: ignore[attr-defined]
+            return session
+    elif ctx.privacy is not None:
         return ctx.privacy
-    if ctx._direct is None or ctx._direct.declared != task.mechanisms:
-        ctx._direct = PrivacySession(task.mechanisms, ctx.generator, ctx.device)
-    return ctx._direct
+    if data is None:
+        raise PrivacyContractError(
+            f"client {task.client_id}, round {task.round_idx + 1}: no privacy session; a "
+            "client half runs on a ClientWorker, or is called through "
+            "raydpfl.algorithms.base.direct_context (tests, notebooks)"
+        )
+    session = _direct_session(ctx.model, data, task, ctx.generator, ctx.clipping, ctx.device)
+    return session
+
+
+def _direct_session(
+    model: nn.Module,
+    data: ClientData,
+    task: ClientTask,
+    generator: torch.Generator,
+    engine: ClippedSumEngine | None,
+    device: torch.device | str,
+) -> PrivacySession:
+    if engine is None:
+        from raydpfl.privacy.engines import make_engine
+
+        engine = make_engine(model, "auto")
+    session = PrivacySession(task.mechanisms, generator, device)._bind(data, model, engine)
+    session._direct = generator  # type: ignore[attr-defined]  # a direct call's, on this stream
+    data._session = session
+    return session
+
+
+def direct_context(
+    model: nn.Module,
+    data: ClientData,
+    task: ClientTask,
+    generator: torch.Generator,
+    *,
+    engine: ClippedSumEngine | None = None,
+    device: torch.device | str = "cpu",
+    unbounded_weight_rules: bool = False,
+) -> ClientContext:
+    """A context for calling a client half directly (tests, notebooks) the way a worker
+    does: a `PrivacySession` of `task`'s declaration on `generator`, bound to `data`,
+    `model` and `engine` (default: the worker's choice for the model). The mechanisms draw
+    from `generator`; the context's own `generator` is the same stream, as a direct call
+    has no other. `unbounded_weight_rules` stands for the run-level opt-out of the
+    per-sample bound check (FedFDP's ``clip_mode: paper``), which a worker reads from the
+    experiment."""
+    session = _direct_session(model, data, task, generator, engine, device)
+    session._unbounded_ok = bool(unbounded_weight_rules)
+    return ClientContext(
+        model=model,
+        clipping=session._engine,
+        generator=generator,
+        device=torch.device(device),
+        privacy=session,
+    )
 
 
 class WeightedUpdateSum:

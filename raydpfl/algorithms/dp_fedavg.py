@@ -175,29 +175,12 @@ class DPFedAvg(CohortAveraging):
         tasks: Sequence[ClientTask],
     ) -> multi_client.MultiClientResult:
         first = tasks[0]
-        # Each client's declared DP-SGD mechanism, live in its own session (one stream each).
-        lives = [privacy_session(c, t).dp_sgd() for c, t in zip(ctxs, tasks, strict=True)]
-        mech = lives[0].mechanism
-        if any(live.mechanism != mech for live in lives):
-            raise ValueError("a vectorised group must share one DP-SGD mechanism")
-        data0 = datas[0]
-        if any(d.x is not data0.x or d.y is not data0.y for d in datas):
-            raise ValueError("a vectorised group must share one resident data pool")
-        out = multi_client.for_model(ctxs[0].model).run(
-            params,
-            data0.x,
-            data0.y,
-            [d.indices for d in datas],
-            [live.generator for live in lives],
-            local_steps=first.local_steps,
-            lr=first.lr,
-            sampling_rate=mech.sampling_rate,
-            clip_norm=mech.clip_norm,
-            noise_multiplier=mech.noise_multiplier,
+        # The platform trains the group from the clients' worker-bound sessions and counts
+        # each one's τ invocations; the algorithm chooses τ and η only.
+        sessions = [privacy_session(c, t, d) for c, t, d in zip(ctxs, tasks, datas, strict=True)]
+        return multi_client.run_sessions(
+            sessions, params, local_steps=first.local_steps, lr=first.lr
         )
-        for live in lives:  # the engine drew τ Poisson batches and noises per client
-            live.count_vectorised_steps(first.local_steps)
-        return out
 
 
 def _group_key(task: ClientTask) -> tuple:

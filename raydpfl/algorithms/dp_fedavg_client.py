@@ -49,6 +49,7 @@ per-client cost (distributed: a share charged with the round). This module impor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -264,6 +265,8 @@ class ClientLevelAlgorithm(Algorithm):
     ) -> ClientResult:
         """τ non-private SGD steps (FedAvg's client), then the upload (`upload`)."""
         trained = FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
+        # the task's session (the worker's, or a direct call's, bound to `data`)
+        ctx = dataclasses.replace(ctx, privacy=privacy_session(ctx, task, data))
         update, norm, clip = self.upload(ctx, task, trained.update)
         metrics = {
             "train_loss": trained.metrics.get("train_loss", float("nan")),

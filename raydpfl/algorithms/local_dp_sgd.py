@@ -56,6 +56,7 @@ Poisson(q_l) batch, SGM(q_l, σ_l).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Literal
 
@@ -73,8 +74,15 @@ from raydpfl.algorithms.base import (
     privacy_session,
     trained_result,
 )
-from raydpfl.privacy.dpsgd import StepStats, WeightRule
-from raydpfl.privacy.kernel import LiveSubsampledGaussian, Mechanism, SubsampledGaussian
+from raydpfl.privacy.dpsgd import WeightRule
+from raydpfl.privacy.kernel import (
+    LiveSubsampledGaussian,
+    Mechanism,
+    ReleasedStepStats,
+    SampledBatch,
+    SubsampledGaussian,
+    per_sample_losses,
+)
 from raydpfl.privacy.loss_query import LossPrecision, clip_losses, private_mean_loss
 
 __all__ = [
@@ -166,7 +174,7 @@ def dp_sgd_local_loop(
         (a copy of the start params, metrics): ``last_step_loss_change`` (if tracked),
         ``mean_batch_size``, ``clipped_fraction``.
     """
-    session = privacy_session(ctx, task)
+    session = privacy_session(ctx, task, data)
     dp_sgd = session.dp_sgd() if mechanism is None else session.get(mechanism)
     start = {name: p.detach().clone() for name, p in params.items()}
     payload = task.payload or {}
@@ -177,28 +185,28 @@ def dp_sgd_local_loop(
     for step in range(task.local_steps):
         # the correction at the step's start point (it draws no randomness)
         extra = correction(params, start, payload) if correction is not None else None
-        positions = dp_sgd.sample(n)
-        if normalizer == "actual" and positions.numel() == 0:
-            dp_sgd.skip_empty()  # charged all the same
+        batch = dp_sgd.sample()  # the platform's Poisson draw from the client's records
+        if normalizer == "actual" and batch.is_empty:
+            dp_sgd.skip_empty(batch)  # charged all the same
             batch_sizes.append(0)
             continue
-        x, y = data.batch(positions)
-        final = step == task.local_steps - 1 and positions.numel() > 0
+        probes = step == task.local_steps - 1 and (track_last_loss or last_step_probe is not None)
+        final = probes and not batch.is_empty
         last = track_last_loss and final
         if last:
-            before = batch_loss(ctx.model, params, x, y)
+            before = dp_sgd.batch_loss(params, batch)
         if final and last_step_probe is not None:
             params_before = {name: p.detach().clone() for name, p in params.items()}
-        divisor = step_divisor(
-            normalizer, dp_sgd.sampling_rate, n, int(positions.numel()), fixed_divisor
-        )
+        size = batch.size if normalizer == "actual" else 0
+        divisor = step_divisor(normalizer, dp_sgd.sampling_rate, n, size, fixed_divisor)
         stats = _apply_dp_step(
-            dp_sgd, ctx, params, x, y, task.lr, divisor, weight_rule, extra, fused_correction
+            dp_sgd, batch, params, task.lr, divisor, weight_rule, extra, fused_correction
         )
         if last:
-            metrics["last_step_loss_change"] = batch_loss(ctx.model, params, x, y) - before
+            metrics["last_step_loss_change"] = dp_sgd.batch_loss(params, batch) - before
         if final and last_step_probe is not None:
-            metrics.update(last_step_probe(params_before, params, x, y))
+            probe = functools.partial(last_step_probe, params_before, params)
+            metrics.update(dp_sgd.probe(batch, probe))
         batch_sizes.append(stats.batch_size)
         clipped.append(stats.clipped_fraction)
     metrics["mean_batch_size"] = float(np.mean(batch_sizes)) if batch_sizes else 0.0
@@ -208,29 +216,26 @@ def dp_sgd_local_loop(
 
 def _apply_dp_step(
     dp_sgd: LiveSubsampledGaussian,
-    ctx: ClientContext,
+    batch: SampledBatch,
     params: Params,
-    x: torch.Tensor,
-    y: torch.Tensor,
     lr: float,
     divisor: float,
     weight_rule: WeightRule | None,
     extra: Params | None,
     fused: bool,
-) -> StepStats:
-    """One DP-SGD step of `dp_sgd_local_loop` on `params` in place, with the correction
-    `extra` (or none) in the float order `fused` picks; returns the step's statistics."""
+) -> ReleasedStepStats:
+    """One DP-SGD step of `dp_sgd_local_loop` on `params` in place, through the platform's
+    private step on `batch`, with the correction `extra` (or none) in the float order
+    `fused` picks; returns the step's statistics."""
     if fused:  # g first, then w ← w − η·(g + correction)
-        grad, stats = dp_sgd.gradient(
-            ctx.clipping, params, x, y, expected_batch_size=divisor, weight_rule=weight_rule
-        )
+        grad, stats = dp_sgd.gradient(params, batch, divisor=divisor, weight_rule=weight_rule)
         with torch.no_grad():
             for name, p in params.items():
                 term = grad[name] if extra is None else grad[name] + extra[name]
                 p.sub_(term, alpha=lr)
         return stats
     stats = dp_sgd.step_(  # w ← w − η·g, g the privatised gradient
-        ctx.clipping, params, x, y, lr=lr, expected_batch_size=divisor, weight_rule=weight_rule
+        params, batch, lr=lr, divisor=divisor, weight_rule=weight_rule
     )
     if extra is not None:  # w ← w − η·correction
         with torch.no_grad():
@@ -295,17 +300,6 @@ def batch_loss(model: torch.nn.Module, params: Params, x: torch.Tensor, y: torch
 # --------------------------------------------------------------------------------------- #
 # The noisy loss query
 # --------------------------------------------------------------------------------------- #
-def per_sample_losses(
-    model: torch.nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
-    """Per-sample cross-entropy losses (no gradient); an empty float32 tensor for an
-    empty batch."""
-    if x.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.float32, device=x.device)
-    with torch.no_grad():
-        return F.cross_entropy(functional_call(model, params, (x,)), y, reduction="none")
-
-
 def noisy_loss_query(
     ctx: ClientContext,
     model_params: Params,
@@ -314,7 +308,8 @@ def noisy_loss_query(
     *,
     mechanism: Mechanism | None = None,
     precision: LossPrecision = "float64",
-) -> tuple[float, torch.Tensor]:
+    with_raw_losses: bool = True,
+) -> tuple[float, torch.Tensor | None]:
     """The client half of a noisy loss query: a fresh Poisson(q_l) batch from the task's
     own stream (independent of any gradient batch, so the mechanisms compose), the
     per-sample losses of `model_params` on it, and `private_mean_loss` over them with
@@ -324,11 +319,9 @@ def noisy_loss_query(
     Returns:
         (the noisy mean loss, the raw per-sample losses: a diagnostic, not a release).
     """
-    session = privacy_session(ctx, task)
+    session = privacy_session(ctx, task, data)
     query = session.get(mechanism) if mechanism is not None else session.get(SubsampledGaussian)
-    n = data.num_examples
-    positions = query.sample(n)
-    x, y = data.batch(positions)
-    losses = per_sample_losses(ctx.model, model_params, x, y)
-    noisy = query.mean_loss(losses, denominator=query.sampling_rate * n, precision=precision)
+    if not with_raw_losses:
+        return query.mean_loss(model_params, precision=precision), None
+    noisy, losses = query.mean_loss(model_params, precision=precision, raw_losses=True)
     return noisy, losses

@@ -180,7 +180,11 @@ class AuditedDPFedAvg(DPFedAvg):
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
-        wrapped = GradientCanaryEngine(ctx.clipping, self.audit_gradient_norm)
+        session = data._session
+        inner = session._engine if session is not None else ctx.clipping
+        wrapped = GradientCanaryEngine(inner, self.audit_gradient_norm)
+        if session is not None:  # the platform's private step runs the audit's engine
+            session._engine = wrapped
         return super().local_update(dataclasses.replace(ctx, clipping=wrapped), params, data, task)
 
     def aggregate(
@@ -224,14 +228,15 @@ class NullCanaryData(ClientData):
 
     @classmethod
     def of(cls, data: ClientData, first_canary_row: int) -> NullCanaryData:
-        out = cls(data.client_id, data.x, data.y, data.indices)
+        out = cls(data.client_id, data._x, data._y, data._indices)
         out.first_canary_row = int(first_canary_row)
         out.last_batch = None
+        out._session = data._session
         return out
 
-    def batch(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.indices[positions]
-        x, y = self.x[rows], self.y[rows]
+    def _gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._indices[positions]
+        x, y = self._x[rows], self._y[rows]
         self.last_batch = (x, rows)
         return x, y
 
@@ -332,8 +337,12 @@ class LoopAudit:
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
+        session = data._session
         wrapped = NullCanaryData.of(data, self.audit_first_row)
-        engine = StepCanaryEngine(ctx.clipping, ctx.model, wrapped, self, task)
+        inner = session._engine if session is not None else ctx.clipping
+        engine = StepCanaryEngine(inner, ctx.model, wrapped, self, task)
+        if session is not None:  # the platform's private step reads through the audit's view
+            session._records, session._engine = wrapped, engine
         ctx = dataclasses.replace(ctx, clipping=engine)
         result = super().local_update(ctx, params, wrapped, task)  # type: ignore[misc]
         # Every training task's cost counts (one whose steps all skipped an empty batch

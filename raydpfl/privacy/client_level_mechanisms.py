@@ -71,7 +71,9 @@ from raydpfl.privacy.kernel import (
     PrivacyContractError,
     PrivacySession,
     Receipt,
+    _seal,
     _set_reals,
+    kernel_cost,
 )
 
 Params = dict[str, torch.Tensor]
@@ -80,6 +82,7 @@ __all__ = [
     "COUNT_NOISE_PURPOSE",
     "NODE_PURPOSE",
     "NOISE_PURPOSE",
+    "UPDATE_BOUND_TOLERANCE",
     "AdaptiveClipGaussianSum",
     "ClientGaussianSum",
     "DistributedGaussianSum",
@@ -89,11 +92,13 @@ __all__ = [
     "ServerStreams",
     "TreeAggregationRelease",
     "check_round_receipt",
+    "check_update_bound",
     "population_charge",
     "round_noise_generator",
     "round_session",
     "tree_node_for",
     "tree_node_generator",
+    "update_l2_norm",
     "update_noise_multiplier",
 ]
 
@@ -165,6 +170,27 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> flo
             "whole budget); raise it or the cohort size"
         )
     return (noise_multiplier**-2 - (2 * count_stddev) ** -2) ** -0.5
+
+
+#: Relative float slack on a client update's bound S (a clipped float32 update's norm,
+#: computed in float64, may exceed S by a few ulps).
+UPDATE_BOUND_TOLERANCE = 1e-5
+
+
+def update_l2_norm(update: Mapping[str, torch.Tensor]) -> float:
+    """‖Δ‖₂ over all tensors together, in float64 (NaN stays NaN)."""
+    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in update.values()))
+
+
+def check_update_bound(update: Mapping[str, torch.Tensor], bound: float, where: str) -> None:
+    """The platform's check on a client-level upload: ‖Δ‖₂ ≤ S (`PrivacyContractError`
+    naming `where` otherwise), so no unclipped update leaves a worker."""
+    norm = update_l2_norm(update)
+    if not norm <= bound * (1.0 + UPDATE_BOUND_TOLERANCE):
+        raise PrivacyContractError(
+            f"{where}: the client's update has norm {norm:.6g} > S = {bound:g}; a client-level "
+            "round's charge assumes every update clipped to S, so the run stops"
+        )
 
 
 def tree_node_for(t: int) -> tuple[int, int]:
@@ -527,10 +553,21 @@ class LiveGaussianShare(LiveMechanism):
     mechanism: GaussianShare
 
     def add(self, update: Mapping[str, torch.Tensor]) -> Params:
-        """update + N(0, σ²S²/K) per tensor, from the client's stream, in order."""
+        """update + N(0, σ²S²/K) per tensor, from the client's stream, in order. The
+        platform checks ‖update‖ ≤ S first (the sensitivity the round's charge assumes)
+        and the worker checks that the result uploads exactly what this returned."""
+        norm = update_l2_norm(update)
+        bound = self.mechanism.clip_norm
+        if not norm <= bound * (1.0 + UPDATE_BOUND_TOLERANCE):
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: the update handed to the share has norm "
+                f"{norm:.6g} > S = {bound:g}; the client-level charge assumes updates clipped to S"
+            )
         self.count += 1
         std = self.mechanism.noise_std
-        return {n: t + gaussian_like(t, std, self.generator) for n, t in update.items()}
+        out = {n: t + gaussian_like(t, std, self._generator) for n, t in update.items()}
+        self._released = out
+        return out
 
 
 # ---- the round's session and its check --------------------------------------------------------
@@ -550,7 +587,8 @@ class PopulationSession(PrivacySession):
                 )
         self.streams = streams
         self.round_idx = streams.round_idx
-        self._live = [u.mechanism.live(streams) for u in self.declared]  # type: ignore[misc]
+        self._notes: dict[str, None] = {}
+        self._live = [type(u.mechanism).live(u.mechanism, streams) for u in self.declared]  # type: ignore[call-arg]
 
 
 def population_charge(declared: Sequence[MechanismUse]) -> ClientLevelCost | None:
@@ -559,7 +597,7 @@ def population_charge(declared: Sequence[MechanismUse]) -> ClientLevelCost | Non
     costs = [
         c
         for u in declared
-        if u.mechanism.population_level and (c := u.mechanism.cost(u.count)) is not None
+        if u.mechanism.population_level and (c := kernel_cost(u.mechanism, u.count)) is not None
     ]
     if len(costs) > 1:
         raise ValueError(
@@ -610,3 +648,6 @@ def open_round_session(
     (``secure_noise``: os.urandom)."""
     secure = bool(getattr(owner, "secure_noise", False))
     return PopulationSession(declared, ServerStreams(int(seed), int(round_idx), secure))
+
+
+_seal(__name__)

@@ -291,6 +291,7 @@ def dp_sgd_gradient(
     expected_batch_size: float,
     generator: torch.Generator,
     weight_rule: WeightRule | None = None,
+    check_bound: bool = True,
 ) -> tuple[Params, StepStats]:
     """The privatised gradient (Σ a_i g_i + N(0, σ²C²I)) / (q·|D|) of one DP-SGD step.
 
@@ -305,7 +306,9 @@ def dp_sgd_gradient(
         weight_rule: Maps per-sample norms to weights; must keep every ‖a_i g_i‖ ≤ C.
             Defaults to flat clipping at C.
     """
-    rule = _checked_rule(clip_norm, noise_multiplier, expected_batch_size, weight_rule)
+    rule = _checked_rule(
+        clip_norm, noise_multiplier, expected_batch_size, weight_rule, check_bound
+    )
     summed, stats = engine.clipped_sum(params, x, y, rule)
     add_gaussian_noise(summed, noise_multiplier * clip_norm, generator)
     for t in summed.values():
@@ -325,6 +328,7 @@ def dp_sgd_step_(
     expected_batch_size: float,
     generator: torch.Generator,
     weight_rule: WeightRule | None = None,
+    check_bound: bool = True,
 ) -> StepStats:
     """One DP-SGD step in place: params ← params − lr · `dp_sgd_gradient(...)`.
 
@@ -349,7 +353,9 @@ def dp_sgd_step_(
     sums as factors (G, A) and the sampler adds (p − (lr/B)·GᵀA) − (lr/B)·z value by
     value (``add_low_rank``), ~0.2 ms less at W2's batch of ~3.
     """
-    rule = _checked_rule(clip_norm, noise_multiplier, expected_batch_size, weight_rule)
+    rule = _checked_rule(
+        clip_norm, noise_multiplier, expected_batch_size, weight_rule, check_bound
+    )
     std = noise_multiplier * clip_norm
     scale = lr / expected_batch_size
     if std > 0 and _fuses_update(engine, x, generator):
@@ -406,9 +412,13 @@ def _checked_rule(
     noise_multiplier: float,
     expected_batch_size: float,
     weight_rule: WeightRule | None,
+    check_bound: bool = True,
 ) -> WeightRule:
     """The argument checks of one DP-SGD step and its weight rule (flat clipping at C
-    unless a `weight_rule` is given), shared by `dp_sgd_gradient` and `dp_sgd_step_`."""
+    unless a `weight_rule` is given), shared by `dp_sgd_gradient` and `dp_sgd_step_`.
+    A weight rule's every contribution is checked against C unless `check_bound` is
+    False (the platform passes False only under the run-level unbounded setting, which
+    it lists as an unaccounted release)."""
     if clip_norm <= 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
     if expected_batch_size <= 0:
@@ -416,7 +426,7 @@ def _checked_rule(
     if noise_multiplier * clip_norm < 0:
         raise ValueError(f"noise std must be >= 0, got {noise_multiplier * clip_norm}")
     if weight_rule is not None:
-        return BoundedWeightRule(weight_rule, clip_norm)
+        return BoundedWeightRule(weight_rule, clip_norm, check=check_bound)
     return lambda norms: clip_weights(norms, clip_norm)
 
 
@@ -438,10 +448,11 @@ class BoundedWeightRule:
     #: Relative float slack on C (the rules compute min(1, C/‖g‖) in float32).
     TOLERANCE = 1e-5
 
-    def __init__(self, rule: WeightRule, clip_norm: float) -> None:
+    def __init__(self, rule: WeightRule, clip_norm: float, *, check: bool = True) -> None:
         self.rule = rule
         self.clip_norm = float(clip_norm)
         self.needs_losses = needs_losses(rule)
+        self._check = bool(check)
 
     def __call__(self, norms: torch.Tensor, losses: torch.Tensor | None = None) -> torch.Tensor:
         rule: Any = self.rule
@@ -452,11 +463,11 @@ class BoundedWeightRule:
     def check(self, weights: torch.Tensor, norms: torch.Tensor) -> None:
         """Raises `SensitivityError` if any sample's contribution breaks the bound.
 
-        A rule with ``unbounded_by_design = True`` is not checked: it belongs to a run that
-        opted out of DP explicitly and says so in its `unaccounted_releases` (FedFDP's
-        ``clip_mode: paper``, reproduced as published).
+        Nothing on the rule can turn the check off: only the platform, under the run-level
+        setting for a run that opted out of DP (FedFDP's ``clip_mode: paper``), builds
+        this object with ``check=False``, and then lists the run as unbounded.
         """
-        if weights.numel() == 0 or getattr(self.rule, "unbounded_by_design", False):
+        if weights.numel() == 0 or not self._check:
             return
         contribution = weights.abs() * norms  # ‖a_i g_i‖, whatever a_i's sign
         limit = self.clip_norm * (1.0 + self.TOLERANCE)

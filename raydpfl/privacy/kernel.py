@@ -40,11 +40,14 @@ Mechanisms (unit: one record of one client, add/remove adjacency, unless said):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
+from torch.func import functional_call
 
 from raydpfl.privacy import secure_noise
 from raydpfl.privacy._checks import _non_negative, _positive
@@ -65,18 +68,24 @@ Params = dict[str, torch.Tensor]
 
 __all__ = [
     "CertifiedGaussianRelease",
+    "ClientRecords",
     "ExponentialSelection",
     "GaussianRelease",
     "LaplaceRelease",
     "Mechanism",
+    "MechanismTypeError",
     "MechanismUse",
     "PrivacyContractError",
     "PrivacySession",
     "Receipt",
+    "ReleasedStepStats",
+    "SampledBatch",
     "SubsampledGaussian",
     "check_receipt",
     "costs_of",
+    "kernel_cost",
     "laplace_noise",
+    "per_sample_losses",
     "uses",
 ]
 
@@ -96,10 +105,31 @@ def _set_reals(mechanism: Mechanism, *names: str, strict: bool = False) -> None:
 # --------------------------------------------------------------------------------------- #
 # Mechanisms: parameters + the event they cost
 # --------------------------------------------------------------------------------------- #
+#: The modules whose classes may subclass `Mechanism`: the kernel's own. Each seals itself
+#: when its definitions are done (`_seal`), so a class defined later, in a plug-in or in a
+#: class body that claims one of these module names, is refused.
+_KERNEL_MODULES = ("raydpfl.privacy.kernel", "raydpfl.privacy.client_level_mechanisms")
+_SEALED_MODULES: set[str] = set()
+#: The kernel's mechanism types, by exact type: the only ones a declaration may hold.
+_KERNEL_TYPES: set[type] = set()
+
+
+def _seal(module: str) -> None:
+    """Ends the definitions of kernel module `module`: no further mechanism type may claim it."""
+    _SEALED_MODULES.add(module)
+
+
+class MechanismTypeError(PrivacyContractError):
+    """A mechanism type that is not the kernel's own (a subclass, or a look-alike)."""
+
+
 @dataclass(frozen=True)
 class Mechanism:
-    """A randomised release with its parameters. Subclasses are frozen dataclasses whose
-    fields are all the parameters both the noise and the charge read."""
+    """A randomised release with its parameters. The kernel's mechanisms are final types:
+    frozen dataclasses whose fields are all the parameters both the noise and the charge
+    read. A subclass made outside the kernel is refused when it is defined (it could state
+    its own cost), and the ledger reads a cost from the kernel type's own code
+    (`kernel_cost`), never from an attribute of the instance."""
 
     kind: ClassVar[str] = "mechanism"
     #: True for a client-level mechanism (`raydpfl.privacy.client_level_mechanisms`):
@@ -107,8 +137,21 @@ class Mechanism:
     #: (`costs_of` leaves it out of a task's charge).
     population_level: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        module = cls.__module__
+        if module not in _KERNEL_MODULES or module in _SEALED_MODULES:
+            base = next((b.__name__ for b in cls.__mro__[1:] if b in _KERNEL_TYPES), "Mechanism")
+            raise MechanismTypeError(
+                f"mechanism {cls.__qualname__} subclasses the kernel's {base}: mechanisms are "
+                "the kernel's own final types (their cost is computed by the kernel); build "
+                f"{base}(...) with your parameters instead"
+            )
+        _KERNEL_TYPES.add(cls)
+
     def cost(self, invocations: int) -> PrivacyCost:
-        """The ledger event of `invocations` uses of this mechanism."""
+        """The ledger event of `invocations` uses of this mechanism (a view of
+        `kernel_cost`, which is what the ledger reads)."""
         raise NotImplementedError
 
     def live(self, generator: torch.Generator, device: torch.device) -> LiveMechanism:
@@ -266,21 +309,35 @@ class MechanismUse:
     count: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mechanism, Mechanism):
-            raise ValueError(
-                f"a mechanism use needs a raydpfl.privacy.kernel.Mechanism, got "
-                f"{type(self.mechanism).__name__}"
+        if type(self.mechanism) not in _KERNEL_TYPES:
+            raise MechanismTypeError(
+                "a mechanism use needs one of the kernel's mechanism types "
+                f"({', '.join(sorted(t.__name__ for t in _KERNEL_TYPES))}), got "
+                f"{type(self.mechanism).__qualname__}"
             )
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0:
             raise ValueError(f"a mechanism's count must be an int >= 0, got {self.count!r}")
 
     @property
     def cost(self) -> PrivacyCost:
-        """The ledger event this use costs."""
-        return self.mechanism.cost(self.count)
+        """The ledger event this use costs (`kernel_cost`)."""
+        return kernel_cost(self.mechanism, self.count)
 
     def describe(self) -> str:
         return f"{self.count} x {self.mechanism.describe()}"
+
+
+def kernel_cost(mechanism: Mechanism, invocations: int) -> Any:
+    """The ledger event of `invocations` uses of `mechanism`, computed by the kernel type's
+    own code from its fields: ``type(m).cost``, never an attribute set on the instance, and
+    only for the kernel's own types (a subclass cannot exist; a look-alike is refused)."""
+    kind = type(mechanism)
+    if kind not in _KERNEL_TYPES:
+        raise MechanismTypeError(
+            f"{kind.__qualname__} is not one of the kernel's mechanism types; its cost "
+            "cannot be computed by the kernel"
+        )
+    return kind.cost(mechanism, invocations)
 
 
 def uses(mechanism: Mechanism, count: int = 1) -> MechanismUse:
@@ -301,6 +358,9 @@ class Receipt:
     declaration's order, with its count (0 if never used)."""
 
     uses: tuple[MechanismUse, ...]
+    #: What the platform handed the client half un-noised (the run lists each in its
+    #: ``unaccounted_releases``).
+    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return "; ".join(u.describe() for u in self.uses) or "no mechanism"
@@ -342,16 +402,92 @@ def check_receipt(
 
 
 # --------------------------------------------------------------------------------------- #
-# The worker side: live mechanisms and the session
+# The worker side: the client's records, live mechanisms and the session
 # --------------------------------------------------------------------------------------- #
+#: What the platform lists in a run's ``unaccounted_releases`` when it hands the client
+#: half something un-noised (`PrivacySession._note`; the receipt carries the notes).
+RAW_RECORDS_NOTE = (
+    "raw_record_access (the client half read its training records directly through "
+    "ClientData.batch/records; what it derives from them and returns outside a mechanism "
+    "is released unchecked)"
+)
+BATCH_SIZE_NOTE = (
+    "realised_poisson_batch_size (the client half read the size of a Poisson sample: "
+    "data-dependent, not covered by the sampled Gaussian accounting)"
+)
+STEP_STATS_NOTE = (
+    "dp_sgd_step_statistics (each step's realised batch size, clipped fraction and mean "
+    "per-sample gradient norm, un-noised, read by the client half)"
+)
+BATCH_LOSS_NOTE = (
+    "sampled_batch_loss (the un-noised mean loss of a Poisson batch, "
+    "LiveSubsampledGaussian.batch_loss)"
+)
+RAW_LOSSES_NOTE = "loss_query_raw_losses (the un-noised per-sample losses of a loss-query batch)"
+UNBOUNDED_NOTE = (
+    "unbounded_weight_rule (a run-level setting turned the per-sample bound check off: "
+    "contributions above C were possible, so the run is NOT DIFFERENTIALLY PRIVATE)"
+)
+
+
+#: The attribute the experiment builder sets on an algorithm for the run-level opt-out of
+#: the per-sample bound check (FedFDP's ``clip_mode: paper`` with ``allow_not_dp``). Workers
+#: and the server read it once, when they are built, and the server lists `UNBOUNDED_NOTE`.
+UNBOUNDED_WEIGHT_RULES = "_run_allows_unbounded_weight_rules"
+
+
+def _weight_rule_note(rule: object) -> str:
+    name = getattr(rule, "__qualname__", type(rule).__qualname__)
+    return (
+        f"per_sample_weight_rule {name} (algorithm code that saw every sampled record's "
+        "un-noised gradient norm, and loss if it asked for it)"
+    )
+
+
+def _probe_note(fn: object) -> str:
+    fn = getattr(fn, "func", fn)  # a functools.partial names its function
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    return f"raw_batch_probe {name} (algorithm code that read a sampled batch's records)"
+
+
+class ClientRecords:
+    """A client's training records as the platform holds them: the worker's resident pool
+    and the client's rows in it. Only the platform gathers them (`_gather`); the client
+    half sees `num_examples`, and records only through the private step, the noisy loss
+    query, evaluation, or `ClientData`'s raw accessors (which the platform lists)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, indices: torch.Tensor) -> None:
+        self._x, self._y, self._indices = x, y, indices
+
+    @property
+    def num_examples(self) -> int:
+        """|D_i| (public: the run lists the clients' dataset sizes)."""
+        return int(self._indices.numel())
+
+    @property
+    def device(self) -> torch.device:
+        """Where the records live."""
+        return self._indices.device
+
+    def _gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._indices[positions]
+        return self._x[rows], self._y[rows]
+
+
 class LiveMechanism:
-    """A declared mechanism on a worker: it draws the noise and counts invocations."""
+    """A declared mechanism on a worker: it draws the noise and counts invocations. Its
+    stream and session are the platform's (underscored: not the public API)."""
 
     def __init__(self, mechanism: Mechanism, generator: torch.Generator, device: torch.device):
         self.mechanism = mechanism
-        self.generator = generator
+        self._generator = generator
         self.device = device
         self.count = 0
+        self._session: PrivacySession | None = None
+
+    def _note(self, what: str) -> None:
+        if self._session is not None:
+            self._session._note(what)
 
 
 class OpenInvocation:
@@ -371,21 +507,85 @@ class OpenInvocation:
         self.count += 1
 
 
+class SampledBatch:
+    """One invocation's Poisson sample, held by the platform. The client half passes it
+    back to the mechanism's release (`LiveSubsampledGaussian.step_`, `gradient`); its size
+    is data-dependent, so reading it (`size`, `is_empty`) is listed as unaccounted."""
+
+    __slots__ = ("_live", "_positions")
+
+    def __init__(self, live: LiveSubsampledGaussian, positions: torch.Tensor) -> None:
+        self._live, self._positions = live, positions
+
+    @property
+    def size(self) -> int:
+        """|B| (listed: `BATCH_SIZE_NOTE`)."""
+        self._live._note(BATCH_SIZE_NOTE)
+        return int(self._positions.numel())
+
+    @property
+    def is_empty(self) -> bool:
+        """|B| = 0 (listed like `size`)."""
+        return self.size == 0
+
+
+class ReleasedStepStats:
+    """A private step's diagnostics (batch size, clipped fraction, mean norm): un-noised,
+    so the first read is listed (`STEP_STATS_NOTE`)."""
+
+    __slots__ = ("_live", "_stats")
+
+    def __init__(self, live: LiveMechanism, stats: StepStats) -> None:
+        self._live, self._stats = live, stats
+
+    def _read(self) -> StepStats:
+        self._live._note(STEP_STATS_NOTE)
+        return self._stats
+
+    @property
+    def batch_size(self) -> int:
+        return self._read().batch_size
+
+    @property
+    def clipped_fraction(self) -> float:
+        return self._read().clipped_fraction
+
+    @property
+    def mean_norm(self) -> float:
+        return self._read().mean_norm
+
+
+def per_sample_losses(
+    model: torch.nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """Per-sample cross-entropy losses (no gradient); an empty float32 tensor for an
+    empty batch."""
+    if x.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.float32, device=x.device)
+    with torch.no_grad():
+        return F.cross_entropy(functional_call(model, params, (x,)), y, reduction="none")
+
+
 class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
-    """A task's `SubsampledGaussian`: `sample` opens one invocation (a Poisson draw of
-    the client's records); the one noisy release that follows it (`step_`, `gradient`,
-    `noisy_sum`, `mean_loss`) completes it, and only completed invocations count in the
-    receipt. An invocation whose batch is empty may be completed unreleased by
-    `skip_empty` (it is still charged: ALI-DPFL's skipped step); a non-empty batch cannot
-    be skipped, so a client half that samples through the mechanism and noises elsewhere
-    comes back one invocation short. A release without its own sample is refused."""
+    """A task's `SubsampledGaussian`, bound by the worker to the client's records, model
+    and clipping engine: the platform's private step.
+
+    `sample` opens one invocation: the platform draws the Poisson(q) sample from this
+    client's own records at the declared q. The one release that follows completes it: a
+    DP-SGD step (`step_`, in place, or `gradient`: the platform gathers the batch,
+    computes per-sample gradients with the worker's engine, clips at C, or applies a
+    weight rule whose every contribution it checks against C, adds N(0, σ²C²) and only
+    then hands the result back) or a noisy loss query (`mean_loss`, which samples its
+    own batch). Only completed invocations count in the receipt. An empty batch may be
+    completed unreleased (`skip_empty`, still charged); a new sample before the last one
+    was released is refused, and a release takes only the batch this mechanism drew."""
 
     mechanism: SubsampledGaussian
 
     def __init__(self, mechanism: SubsampledGaussian, generator: torch.Generator, device):
         super().__init__(mechanism, generator, device)
         self._open = False
-        self._open_size = 0
+        self._batch: SampledBatch | None = None
 
     @property
     def noise_multiplier(self) -> float:
@@ -399,112 +599,181 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
     def sampling_rate(self) -> float:
         return self.mechanism.sampling_rate
 
-    def sample(self, num_examples: int) -> torch.Tensor:
-        """One invocation's Poisson(q) batch: positions within the client's records. The
-        previous invocation must be complete (released, or skipped when empty)."""
+    def _bound(self) -> PrivacySession:
+        session = self._session
+        if session is None or session._records is None:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: this session is not bound to a client's "
+                "records (client halves run on a ClientWorker, or through "
+                "raydpfl.algorithms.base.direct_context in tests)"
+            )
+        return session
+
+    def sample(self) -> SampledBatch:
+        """Opens one invocation: a Poisson(q) sample of the client's records, drawn by the
+        platform. The previous invocation must be complete (released, or skipped when
+        empty)."""
         if self._open:
             raise PrivacyContractError(
                 f"{self.mechanism.describe()}: a new Poisson sample before the previous "
                 "one was released through the mechanism (or skipped, if it was empty)"
             )
-        positions = poisson_sample(num_examples, self.mechanism.sampling_rate, self.generator)
-        self._open, self._open_size = True, int(positions.numel())
-        return positions
+        records = self._bound()._records
+        assert records is not None
+        positions = poisson_sample(
+            records.num_examples, self.mechanism.sampling_rate, self._generator
+        )
+        self._open = True
+        self._batch = SampledBatch(self, positions)
+        return self._batch
 
-    def skip_empty(self) -> None:
+    def _positions(self, batch: SampledBatch, *, open_only: bool) -> torch.Tensor:
+        if not isinstance(batch, SampledBatch) or batch is not self._batch:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: a release takes the batch this mechanism's "
+                "last sample() drew, nothing else"
+            )
+        if open_only and not self._open:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: a release without its own Poisson sample "
+                "(call sample() once per invocation)"
+            )
+        return batch._positions
+
+    def skip_empty(self, batch: SampledBatch) -> None:
         """Completes an invocation whose Poisson batch was empty without a release
         (``normalizer="actual"`` skips such a step; it is charged all the same)."""
+        positions = self._positions(batch, open_only=False)
         self._complete(
-            self._open and self._open_size == 0,
+            self._open and positions.numel() == 0,
             "only an open invocation with an empty batch may be skipped; a non-empty batch "
             "must be released through the mechanism",
         )
 
-    def count_vectorised_steps(self, steps: int) -> None:
-        """For the client-vectorised DP-SGD engine (`raydpfl.privacy.multi_client`), which
-        draws each client's Poisson batch and noise itself from this mechanism's
-        parameters: records `steps` complete invocations."""
+    def _count_vectorised(self, steps: int) -> None:
+        """The client-vectorised engine (`raydpfl.privacy.multi_client.run_sessions`), which
+        draws each client's Poisson batches and noise from this mechanism's stream and
+        parameters, records its `steps` completed invocations (platform code only)."""
+        if self._open:
+            raise PrivacyContractError(f"{self.mechanism.describe()}: an invocation is open")
         self.count += int(steps)
 
-    def _release(self) -> None:
-        self._complete(
-            self._open,
-            "a release without its own Poisson sample (call sample() once per invocation)",
-        )
+    def _rule(self, weight_rule: WeightRule | None) -> tuple[WeightRule | None, bool]:
+        session = self._bound()
+        if weight_rule is None:
+            return None, True
+        self._note(_weight_rule_note(weight_rule))
+        if session._unbounded_ok:
+            self._note(UNBOUNDED_NOTE)
+            return weight_rule, False
+        return weight_rule, True
 
     def step_(
         self,
-        engine: Any,
         params: Params,
-        x: torch.Tensor,
-        y: torch.Tensor,
+        batch: SampledBatch,
         *,
         lr: float,
-        expected_batch_size: float,
+        divisor: float,
         weight_rule: WeightRule | None = None,
-    ) -> StepStats:
-        """The in-place DP-SGD step on the sampled batch (`dpsgd.dp_sgd_step_`) at this
-        mechanism's C and σ."""
-        self._release()
+    ) -> ReleasedStepStats:
+        """The in-place DP-SGD step on `batch` at this mechanism's C and σ (the platform's
+        `dpsgd.dp_sgd_step_`): w ← w − (lr/divisor)·(Σ_i a_i g_i + N(0, σ²C²))."""
+        session = self._bound()
+        positions = self._positions(batch, open_only=True)
+        rule, check = self._rule(weight_rule)
+        x, y = session._records._gather(positions)  # type: ignore[union-attr]
+        self._complete(True, "")
         m = self.mechanism
-        return dp_sgd_step_(
-            engine,
+        stats = dp_sgd_step_(
+            session._engine,
             params,
             x,
             y,
             lr=lr,
             clip_norm=m.clip_norm,
             noise_multiplier=m.noise_multiplier,
-            expected_batch_size=expected_batch_size,
-            generator=self.generator,
-            weight_rule=weight_rule,
+            expected_batch_size=divisor,
+            generator=self._generator,
+            weight_rule=rule,
+            check_bound=check,
         )
+        return ReleasedStepStats(self, stats)
 
     def gradient(
         self,
-        engine: Any,
         params: Params,
-        x: torch.Tensor,
-        y: torch.Tensor,
+        batch: SampledBatch,
         *,
-        expected_batch_size: float,
+        divisor: float,
         weight_rule: WeightRule | None = None,
-    ) -> tuple[Params, StepStats]:
-        """The privatised gradient of the sampled batch (`dpsgd.dp_sgd_gradient`)."""
-        self._release()
+    ) -> tuple[Params, ReleasedStepStats]:
+        """The privatised gradient of `batch`, (Σ_i a_i g_i + N(0, σ²C²)) / divisor
+        (`dpsgd.dp_sgd_gradient`), for an update rule of the algorithm's own."""
+        session = self._bound()
+        positions = self._positions(batch, open_only=True)
+        rule, check = self._rule(weight_rule)
+        x, y = session._records._gather(positions)  # type: ignore[union-attr]
+        self._complete(True, "")
         m = self.mechanism
-        return dp_sgd_gradient(
-            engine,
+        grad, stats = dp_sgd_gradient(
+            session._engine,
             params,
             x,
             y,
             clip_norm=m.clip_norm,
             noise_multiplier=m.noise_multiplier,
-            expected_batch_size=expected_batch_size,
-            generator=self.generator,
-            weight_rule=weight_rule,
+            expected_batch_size=divisor,
+            generator=self._generator,
+            weight_rule=rule,
+            check_bound=check,
         )
+        return grad, ReleasedStepStats(self, stats)
 
-    def noisy_sum(self, clipped_sum: Params) -> Params:
-        """Adds N(0, σ²C²) to a sum the caller clipped per sample at C (in place)."""
-        self._release()
-        return add_gaussian_noise(clipped_sum, self.mechanism.noise_std, self.generator)
+    def batch_loss(self, params: Params, batch: SampledBatch) -> float:
+        """The un-noised mean cross-entropy of `params` on `batch` (listed:
+        `BATCH_LOSS_NOTE`; ALI-DPFL's Γ estimate)."""
+        session = self._bound()
+        x, y = session._records._gather(self._positions(batch, open_only=False))  # type: ignore[union-attr]
+        self._note(BATCH_LOSS_NOTE)
+        with torch.no_grad():
+            return float(F.cross_entropy(functional_call(session._model, params, (x,)), y))
+
+    def probe(self, batch: SampledBatch, fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
+        """`fn(x, y)` on `batch`'s records: algorithm code reading raw records, so listed
+        by name (`raw_batch_probe`). Its result is the client half's, un-noised."""
+        session = self._bound()
+        x, y = session._records._gather(self._positions(batch, open_only=False))  # type: ignore[union-attr]
+        self._note(_probe_note(fn))
+        return fn(x, y)
 
     def mean_loss(
-        self, losses: torch.Tensor, *, denominator: float, precision: LossPrecision
-    ) -> float:
-        """The noisy mean of the sampled batch's losses clipped to [0, C]
-        (`raydpfl.privacy.loss_query.private_mean_loss`)."""
-        self._release()
+        self, params: Params, *, precision: LossPrecision = "float64", raw_losses: bool = False
+    ) -> Any:
+        """One invocation of a noisy loss query: the platform draws a fresh Poisson(q)
+        sample, computes each record's cross-entropy under `params`, clips to [0, C] and
+        releases (Σ clip(ℓ_j) + N(0, σ²C²)) / (q·|D|)
+        (`raydpfl.privacy.loss_query.private_mean_loss`). With `raw_losses`, also the raw
+        per-sample losses (listed: `RAW_LOSSES_NOTE`)."""
+        session = self._bound()
+        batch = self.sample()
+        x, y = session._records._gather(batch._positions)  # type: ignore[union-attr]
+        losses = per_sample_losses(session._model, params, x, y)
+        self._complete(True, "")
         m = self.mechanism
-        return private_mean_loss(
+        n = session._records.num_examples  # type: ignore[union-attr]
+        noisy = private_mean_loss(
             losses,
             clip_bound=m.clip_norm,
             noise_multiplier=m.noise_multiplier,
-            denominator=denominator,
-            generator=self.generator,
+            denominator=m.sampling_rate * n,
+            generator=self._generator,
             precision=precision,
         )
+        if raw_losses:
+            self._note(RAW_LOSSES_NOTE)
+            return noisy, losses
+        return noisy
 
 
 def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device) -> Any:
@@ -550,17 +819,17 @@ class LiveRelease(LiveMechanism):
         """This invocation's noise for one part of the released vector."""
         self._check_open()
         if isinstance(self.mechanism, LaplaceRelease):
-            return laplace_noise(shape, self.scale, self.generator, self.device)
+            return laplace_noise(shape, self.scale, self._generator, self.device)
         # The same draws as torch.randn(shape, generator) in research mode.
         out = torch.empty(shape, device=self.device, dtype=dtype or torch.get_default_dtype())
-        return standard_normal_like(out, self.generator) * self.scale
+        return standard_normal_like(out, self._generator) * self.scale
 
     def add_(self, tensors: Params) -> Params:
         """Adds this invocation's Gaussian noise to every tensor, in place, in order."""
         self._check_open()
         if isinstance(self.mechanism, LaplaceRelease):
             raise PrivacyContractError("add_ draws Gaussian noise; use noise() for Laplace")
-        return add_gaussian_noise(tensors, self.scale, self.generator)
+        return add_gaussian_noise(tensors, self.scale, self._generator)
 
 
 class LiveSelection(LiveMechanism):
@@ -577,17 +846,20 @@ class LiveSelection(LiveMechanism):
         import numpy as np
 
         self.count += 1
-        draw = int(
-            torch.randint(0, 2**62, (1,), generator=self.generator, device=self.generator.device)
-        )
+        gen = self._generator
+        draw = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
         return np.random.default_rng(draw)
 
 
 class PrivacySession:
     """The mechanisms one task declared, live on the worker that runs it.
 
-    Built by the worker from `ClientTask.mechanisms` and handed to the client half as
-    `ClientContext.privacy`; the receipt of what was invoked goes back with the result.
+    Built by the worker from `ClientTask.mechanisms` (each mechanism copied, and
+    re-validated, so the session draws at the charged parameters whatever happens to the
+    task object later), bound by the worker to the client's records, model and clipping
+    engine (`_bind`), and handed to the client half as `ClientContext.privacy`. The worker
+    reads the receipt of what was invoked, and of what the platform handed out un-noised
+    (its notes), from this object.
     """
 
     def __init__(
@@ -597,7 +869,38 @@ class PrivacySession:
         device: torch.device | str = "cpu",
     ) -> None:
         self.declared = tuple(declared)
-        self._live = [u.mechanism.live(generator, torch.device(device)) for u in self.declared]
+        self._records: ClientRecords | None = None
+        self._model: torch.nn.Module | None = None
+        self._engine: Any = None
+        self._unbounded_ok = False
+        self._notes: dict[str, None] = {}  # an ordered set
+        dev = torch.device(device)
+        self._live: list[Any] = []
+        for u in self.declared:
+            kind = type(u.mechanism)
+            if kind not in _KERNEL_TYPES:
+                raise MechanismTypeError(f"{kind.__qualname__} is not a kernel mechanism")
+            live = kind.live(dataclasses.replace(u.mechanism), generator, dev)
+            live._session = self
+            self._live.append(live)
+
+    def _bind(
+        self,
+        records: ClientRecords,
+        model: torch.nn.Module,
+        engine: Any,
+        *,
+        unbounded_weight_rules: bool = False,
+    ) -> PrivacySession:
+        """Binds the session to the client's records and the worker's model and engine
+        (the worker's call; `unbounded_weight_rules` is the run-level setting)."""
+        self._records, self._model, self._engine = records, model, engine
+        self._unbounded_ok = bool(unbounded_weight_rules)
+        return self
+
+    def _note(self, what: str) -> None:
+        """Records that the platform handed the client half `what` un-noised."""
+        self._notes.setdefault(what, None)
 
     def get(self, mechanism: Mechanism | type[Mechanism] | None = None) -> Any:
         """The live form of a declared mechanism: the one equal to `mechanism`, the only
@@ -632,8 +935,14 @@ class PrivacySession:
         return self.get(SubsampledGaussian)
 
     def receipt(self) -> Receipt:
-        """What was invoked so far, per declared mechanism."""
-        return Receipt(tuple(MechanismUse(live.mechanism, live.count) for live in self._live))
+        """What was invoked so far, per declared mechanism, and the platform's notes."""
+        return Receipt(
+            tuple(MechanismUse(live.mechanism, live.count) for live in self._live),
+            notes=tuple(self._notes),
+        )
 
     def __iter__(self) -> Iterator[LiveMechanism]:
         return iter(self._live)
+
+
+_seal(__name__)

@@ -663,3 +663,54 @@ def default_budget(device: torch.device | str) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory // 4
     return DEFAULT_MEMORY_BUDGET
+
+
+def run_sessions(
+    sessions: Sequence[object],
+    params: Params,
+    *,
+    local_steps: int,
+    lr: float,
+) -> MultiClientResult:
+    """τ DP-SGD steps for every client of a vectorised group, run by the platform: each
+    client's records, stream and declared `SubsampledGaussian` come from its worker-bound
+    `raydpfl.privacy.kernel.PrivacySession`, and each session counts its τ invocations.
+    The algorithm chooses only τ and η (`DPFedAvg.local_update_group_sum`).
+
+    Raises:
+        PrivacyContractError: A session is not bound to a client's records, the clients do
+            not share one mechanism and one resident pool, or an invocation is open.
+    """
+    from raydpfl.privacy.kernel import STEP_STATS_NOTE, PrivacyContractError, PrivacySession
+
+    lives = []
+    for session in sessions:
+        if not isinstance(session, PrivacySession) or session._records is None:
+            raise PrivacyContractError(
+                "a vectorised group trains from its clients' worker-bound privacy sessions"
+            )
+        lives.append(session.dp_sgd())
+    mech = lives[0].mechanism
+    if any(live.mechanism != mech for live in lives):
+        raise PrivacyContractError("a vectorised group must share one DP-SGD mechanism")
+    records = [s._records for s in sessions]  # type: ignore[attr-defined]
+    first = records[0]
+    if any(r._x is not first._x or r._y is not first._y for r in records):
+        raise PrivacyContractError("a vectorised group must share one resident data pool")
+    out = for_model(sessions[0]._model).run(  # type: ignore[attr-defined]
+        params,
+        first._x,
+        first._y,
+        [r._indices for r in records],
+        [live._generator for live in lives],
+        local_steps=local_steps,
+        lr=lr,
+        sampling_rate=mech.sampling_rate,
+        clip_norm=mech.clip_norm,
+        noise_multiplier=mech.noise_multiplier,
+    )
+    for live in lives:  # the engine drew τ Poisson batches and noises per client
+        live._count_vectorised(local_steps)
+    for session in sessions:  # its batch sizes and clipped fractions go back un-noised
+        session._note(STEP_STATS_NOTE)  # type: ignore[attr-defined]
+    return out

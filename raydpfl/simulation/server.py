@@ -19,6 +19,7 @@ The same class runs in-process and inside a Ray actor; it never imports Ray.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -45,7 +46,13 @@ from raydpfl.privacy.client_level_mechanisms import (
     open_round_session,
     population_charge,
 )
-from raydpfl.privacy.kernel import MechanismUse, PrivacyContractError, Receipt, check_receipt
+from raydpfl.privacy.kernel import (
+    RAW_RECORDS_NOTE,
+    MechanismUse,
+    PrivacyContractError,
+    Receipt,
+    check_receipt,
+)
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
@@ -136,6 +143,9 @@ class Server:
         # Client-level runs: the population-level mechanisms the current round declared
         # (charged before dispatch, drawn through the round's session at aggregation).
         self._round_declared: tuple[MechanismUse, ...] | None = None
+        # What the platform saw leave the client halves un-noised (receipt notes, client
+        # metric keys), listed in summary.json's unaccounted_releases; an ordered set.
+        self._platform_unaccounted: dict[str, None] = {}
         # Every client's ε as one array, kept current from the charged clients only.
         self._eps_stats = EpsilonStats(ledger, self.num_clients) if ledger is not None else None
 
@@ -166,7 +176,7 @@ class Server:
             return False
         rng = numpy_rng(self.settings.run_seed, round_idx, SERVER, "select")
         cohort = self.algorithm.select(round_idx, self.num_clients, rng)
-        tasks = self.algorithm.plan(round_idx, cohort, self.train_sizes)
+        tasks = self._stamp_bound(self.algorithm.plan(round_idx, cohort, self.train_sizes))
         self._check_declared(tasks)
         dispatched, refused = self._charge(round_idx, tasks)
         if not dispatched and refused and self._budget_exhausted(refused):
@@ -229,6 +239,7 @@ class Server:
             partials = backend.run_groups(self.params, groups) if groups else []
             total = WeightedUpdateSum.merged(partials)
             _check_receipts(tasks, total.receipts)
+            self._note_releases([r for _, r in total.receipts], total.metric_sums)
             with self._round_session(round_idx):
                 self.params = with_round(algo.aggregate_sum, server_round)(
                     self.params, tasks, total
@@ -237,6 +248,7 @@ class Server:
             return total.count, len(partials), total.metric_means(), []
         results = backend.run_tasks(self.params, tasks) if tasks else []
         _check_receipts(tasks, [(r.client_id, r.receipt) for r in results])
+        self._note_results(results)
         with self._round_session(round_idx):
             self.params = with_round(algo.aggregate, server_round)(self.params, tasks, results)
         check_finite_model(self.params, round_idx, [t.client_id for t in tasks])
@@ -248,7 +260,64 @@ class Server:
         if extra_sent:
             followups = backend.run_tasks(self.params, extra_sent)
             _check_receipts(extra_sent, [(r.client_id, r.receipt) for r in followups])
+            self._note_results(followups)
         return len(results), len(results), metrics, followups
+
+    def _stamp_bound(self, tasks: Sequence[ClientTask]) -> list[ClientTask]:
+        """In a client-level round, every task carries the round's S (the bound of its
+        declared population mechanism) for the worker's upload check; otherwise none."""
+        bound = None
+        for use in self._round_declared or ():
+            if use.mechanism.population_level and hasattr(use.mechanism, "clip_norm"):
+                bound = float(use.mechanism.clip_norm)  # type: ignore[attr-defined]
+                break
+        return [
+            t
+            if t.client_update_bound == bound
+            else dataclasses.replace(t, client_update_bound=bound)
+            for t in tasks
+        ]
+
+    def _note_results(self, results: Sequence[ClientResult]) -> None:
+        self._note_releases(
+            [r.receipt for r in results],
+            {k: 0.0 for r in results for k in r.metrics},
+            [_extra_fields(r) for r in results],
+        )
+
+    def _note_releases(
+        self,
+        receipts: Sequence[Receipt | None],
+        metric_keys: Mapping[str, Any],
+        extra_fields: Sequence[Sequence[str]] = (),
+    ) -> None:
+        """Lists what reached the server from the client halves outside a mechanism: the
+        platform's notes on each receipt (raw record access, batch sizes, ...), every
+        client metric (rounds.parquet averages them) and any field a result type adds
+        beside the update. Private runs only; the list is the platform's, whatever the
+        algorithm's own `unaccounted_releases` says."""
+        if not self.algorithm.is_private:
+            return
+        found = self._platform_unaccounted
+        # Client-level DP covers everything a client's records do to its clipped update:
+        # its local training reads them by design.
+        client_level = self.algorithm.privacy_unit == "client"
+        for receipt in receipts:
+            for note in receipt.notes if receipt is not None else ():
+                if not (client_level and note == RAW_RECORDS_NOTE):
+                    found.setdefault(note, None)
+        for key in sorted(metric_keys):
+            found.setdefault(
+                f"client_metric {key} (reported by the client half outside a mechanism; "
+                "averaged into rounds.parquet)",
+                None,
+            )
+        for names in extra_fields:
+            for name in names:
+                found.setdefault(
+                    f"client_result_field {name} (returned beside the update outside a mechanism)",
+                    None,
+                )
 
     def _charge(
         self, round_idx: int, tasks: Sequence[ClientTask]
@@ -441,6 +510,7 @@ class Server:
             "rows": [_encode_nonfinite(r) for r in self.rows],
             "ledger": self.ledger.to_dict() if self.ledger is not None else None,
             "algorithm": self.algorithm.state_dict(),
+            "platform_unaccounted": list(self._platform_unaccounted),
         }
 
     def resume(self) -> int:
@@ -471,6 +541,9 @@ class Server:
         self.rounds_completed = int(state["rounds_completed"])
         self.stop_reason = state["stop_reason"]
         self.rows = [_restore_nans(r) for r in state["rows"]]
+        self._platform_unaccounted = dict.fromkeys(
+            str(x) for x in state.get("platform_unaccounted", [])
+        )
         self._restore_ledger(state)
         settled = self.writer.charge_batches()[: self._log_position]
         check_row_epsilons(self.ledger, settled, self.rows, self.num_clients)
@@ -745,13 +818,29 @@ class Server:
             "wall_seconds": wall_seconds,
             "model_sha256": model_sha256(self.params),
             "ledger_sha256": self.ledger.sha256() if private else None,
-            "unaccounted_releases": [
-                *self.algorithm.unaccounted_releases(),
-                *self.settings.extra_unaccounted,
-            ],
+            "unaccounted_releases": list(
+                dict.fromkeys(
+                    [
+                        *self.algorithm.unaccounted_releases(),
+                        *self.settings.extra_unaccounted,
+                        *self._platform_unaccounted,
+                    ]
+                )
+            ),
         }
         out.update(self.settings.metadata)
         return out
+
+
+#: The fields every `ClientResult` has; a result type's other fields travel beside the
+#: update and are listed as unaccounted (`Server._note_releases`).
+_RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientResult))
+
+
+def _extra_fields(result: ClientResult) -> list[str]:
+    if not dataclasses.is_dataclass(result):
+        return []
+    return [f.name for f in dataclasses.fields(result) if f.name not in _RESULT_FIELDS]
 
 
 def _check_receipts(

@@ -29,8 +29,16 @@ from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL
 from raydpfl.data.federated import FederatedDataset, IndexTable
 from raydpfl.models import assert_dp_compatible, build_model
 from raydpfl.privacy import multi_client
+from raydpfl.privacy.client_level_mechanisms import GaussianShare, check_update_bound
+from raydpfl.privacy.dpsgd import SensitivityError
 from raydpfl.privacy.engines import make_engine
-from raydpfl.privacy.kernel import PrivacyContractError, PrivacySession
+from raydpfl.privacy.kernel import (
+    UNBOUNDED_WEIGHT_RULES,
+    PrivacyContractError,
+    PrivacySession,
+    Receipt,
+    check_receipt,
+)
 from raydpfl.privacy.noise_samplers import seeded_stream
 from raydpfl.privacy.secure_noise import SecureGenerator
 from raydpfl.simulation.evaluation import (
@@ -159,6 +167,9 @@ class ClientWorker:
         self.model.requires_grad_(False)  # used functionally; its own tensors are never trained
         self.params: Params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         self.clipping = make_engine(self.model, engine)
+        # The run-level opt-out of the per-sample bound check (FedFDP's clip_mode: paper),
+        # read once here: what the client half sets on the algorithm later changes nothing.
+        self.unbounded_weight_rules = bool(getattr(algorithm, UNBOUNDED_WEIGHT_RULES, False))
         self.x = as_tensor(dataset.x, self.device)
         self.y = as_tensor(dataset.y, self.device)
         self.client_train = _index_tensors(dataset.client_train, self.device)
@@ -207,31 +218,95 @@ class ClientWorker:
             task = dataclasses.replace(
                 task, payload={n: t.to(self.device) for n, t in task.payload.items()}
             )
-        data = ClientData(task.client_id, self.x, self.y, self.client_train[task.client_id])
-        generator = self._stream(task)
-        # The task's declared mechanisms, the only noise the client half can draw. The
-        # receipt is read from this object, not from the context the client half may alter.
-        session = PrivacySession(task.mechanisms, generator, self.device)
-        ctx = ClientContext(
-            model=self.model,
-            clipping=self.clipping,
-            generator=generator,
-            device=self.device,
-            privacy=session,
-        )
+        data, ctx, session = self._client(task)
         try:
             result = self.algorithm.local_update(ctx, start, data, task)
-        except PrivacyContractError as e:
+        except (PrivacyContractError, SensitivityError) as e:
             raise PrivacyContractError(
-                f"client {task.client_id}, round {task.round_idx + 1} ({task.kind} task): {e}"
+                f"algorithm {self.algorithm.name!r}, client {task.client_id}, round "
+                f"{task.round_idx + 1} ({task.kind} task): {e}"
             ) from None
         except Exception as e:
             # Name the client and round: a traceback from deep inside torch says neither.
             raise RuntimeError(
                 f"client {task.client_id} failed in round {task.round_idx + 1}: {e}"
             ) from e
-        result.receipt = session.receipt()  # what was invoked, checked by the server
+        receipt = session.receipt()  # what the platform counted, not what the result says
+        self._check_result(task, result, session, receipt)
+        result.receipt = receipt
         return result
+
+    def _client(self, task: ClientTask) -> tuple[ClientData, ClientContext, PrivacySession]:
+        """The client's records, context and privacy session for `task`: the session holds
+        the task's declared mechanisms on the client's stream, bound to its records, the
+        resident model and the worker's engine; the context's `generator` is, for a private
+        algorithm's task that declares mechanisms, another stream (the mechanisms' is the
+        platform's alone)."""
+        data = ClientData(task.client_id, self.x, self.y, self.client_train[task.client_id])
+        generator = self._stream(task)
+        session = PrivacySession(task.mechanisms, generator, self.device)._bind(
+            data, self.model, self.clipping, unbounded_weight_rules=self.unbounded_weight_rules
+        )
+        data._session = session
+        ctx = ClientContext(
+            model=self.model,
+            clipping=self.clipping,
+            # A task that declares no mechanism draws no noise: its stream is the client's.
+            generator=self._own_stream(task)
+            if self.algorithm.is_private and task.mechanisms
+            else generator,
+            device=self.device,
+            privacy=session,
+        )
+        return data, ctx, session
+
+    def _own_stream(self, task: ClientTask) -> torch.Generator:
+        """A private algorithm's client half's own stream (its shuffles and probes): from
+        (run seed, round, client, kind + ``/own``), never the mechanisms' stream."""
+        seed = derive_seed(self.run_seed, task.round_idx, task.client_id, f"{task.kind}/own")
+        return seeded_stream("torch", seed, self.device)
+
+    def _check_result(
+        self, task: ClientTask, result: ClientResult, session: PrivacySession, receipt: Receipt
+    ) -> None:
+        """The platform's checks on a result before it leaves the worker: the receipt of
+        the worker's own session equals the declaration, and in a private record-level run
+        a task that declared no mechanism returns no update (it may report metrics, which
+        the run lists as unaccounted)."""
+        algo = self.algorithm
+        where = f"algorithm {algo.name!r}, client {task.client_id}, round {task.round_idx + 1}"
+        if not isinstance(result, ClientResult):
+            raise PrivacyContractError(
+                f"{where}: local_update returned {type(result).__name__}, not a ClientResult"
+            )
+        check_receipt(task.client_id, task.round_idx, task.kind, task.mechanisms, receipt)
+        if task.client_update_bound is not None:
+            self._check_upload(task, result, session, where)
+        unnoised = algo.is_private and algo.privacy_unit == "record" and not task.mechanisms
+        if unnoised and any(t.numel() and bool(t.ne(0).any()) for t in result.update.values()):
+            raise PrivacyContractError(
+                f"{where} ({task.kind} task): the task declared no mechanism but its "
+                "result carries a model update; an un-noised task may report metrics only"
+            )
+
+    def _check_upload(
+        self, task: ClientTask, result: ClientResult, session: PrivacySession, where: str
+    ) -> None:
+        """A client-level upload: clipped to the round's S (central noise), or exactly the
+        output of the client's `GaussianShare`, which checked ‖Δ‖ ≤ S before adding its
+        share (distributed noise)."""
+        bound = float(task.client_update_bound)  # type: ignore[arg-type]
+        shares = [live for live in session if type(live.mechanism) is GaussianShare]
+        if not shares:
+            check_update_bound(result.update, bound, f"{where} ({task.kind} task)")
+            return
+        released = getattr(shares[0], "_released", None)
+        same = released is not None and set(released) == set(result.update)
+        if not (same and all(result.update[n] is released[n] for n in released)):
+            raise PrivacyContractError(
+                f"{where} ({task.kind} task): with distributed noise the upload must be what the "
+                "client's GaussianShare released (its clipped update plus its share)"
+            )
 
     def run_tasks(
         self, global_params: Mapping[str, torch.Tensor], tasks: Sequence[ClientTask]
@@ -284,28 +359,17 @@ class ClientWorker:
         """All of a group's clients at once: the same per-client RNG streams and draws as
         `run_task` one at a time, so the same results up to float rounding."""
         self.load_params(broadcast, group[0].model_key)
-        ctxs, sessions = [], []
-        for t in group:
-            generator = self._stream(t)
-            sessions.append(PrivacySession(t.mechanisms, generator, self.device))
-            ctxs.append(
-                ClientContext(
-                    model=self.model,
-                    clipping=self.clipping,
-                    generator=generator,
-                    device=self.device,
-                    privacy=sessions[-1],
-                )
-            )
-        datas = [
-            ClientData(t.client_id, self.x, self.y, self.client_train[t.client_id]) for t in group
-        ]
+        clients = [self._client(t) for t in group]
+        datas = [c[0] for c in clients]
+        ctxs = [c[1] for c in clients]
+        sessions = [c[2] for c in clients]
         try:
             acc = self.algorithm.local_update_group_sum(ctxs, self.params, datas, group)
-        except PrivacyContractError as e:
+        except (PrivacyContractError, SensitivityError) as e:
             ids = ", ".join(str(t.client_id) for t in group)
             raise PrivacyContractError(
-                f"clients {ids} (vectorised), round {group[0].round_idx + 1}: {e}"
+                f"algorithm {self.algorithm.name!r}, clients {ids} (vectorised), round "
+                f"{group[0].round_idx + 1}: {e}"
             ) from None
         except Exception as e:
             ids = ", ".join(str(t.client_id) for t in group)
@@ -316,6 +380,8 @@ class ClientWorker:
         acc.receipts = [
             (t.client_id, session.receipt()) for t, session in zip(group, sessions, strict=True)
         ]
+        for t, (_, receipt) in zip(group, acc.receipts, strict=True):
+            check_receipt(t.client_id, t.round_idx, t.kind, t.mechanisms, receipt)
         return acc
 
     def evaluate_clients(

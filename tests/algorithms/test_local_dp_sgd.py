@@ -172,7 +172,7 @@ def test_track_last_loss_reports_the_last_batchs_loss_change():
     ctx_r, params_r, _ = _setup()
     one = _task(noise_multiplier=0.0, sampling_rate=1.0, local_steps=1, lr=0.5)
     dp_sgd_local_loop(ctx_r, params_r, data, one)
-    x, y = data.x, data.y
+    x, y = data.records()
     expected = batch_loss(ctx.model, params, x, y) - batch_loss(ctx.model, params_r, x, y)
     assert metrics["last_step_loss_change"] == pytest.approx(expected, abs=1e-6)
     assert metrics["last_step_loss_change"] < 0  # a full-batch noiseless step descends

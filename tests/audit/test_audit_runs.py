@@ -88,8 +88,13 @@ def _weak_noise(monkeypatch):
 
 
 def _no_clipping(monkeypatch):
+    """A broken platform, not a plug-in: no clipping anywhere, and the worker's check that
+    a client-level upload is within S is off too (a plug-in cannot turn it off)."""
+    from raydpfl.simulation import worker
+
     monkeypatch.setattr(dpsgd, "clip_weights", lambda norms, c: norms.new_ones(norms.shape))
     monkeypatch.setattr(client_level, "clip_update", lambda u, s, per_layer=False: dict(u))
+    monkeypatch.setattr(worker, "check_update_bound", lambda update, bound, where: None)
 
 
 def test_record_level_white_box_audit_of_an_honest_run_stays_below_the_claim():

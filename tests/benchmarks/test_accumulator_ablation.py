@@ -29,9 +29,7 @@ def ablation(monkeypatch):
     )
     # main() swaps the library's client step in; put it back after the test
     monkeypatch.setattr(dp_fedavg, "dp_sgd_local_update", dp_fedavg.dp_sgd_local_update)
-    monkeypatch.setattr(
-        ali_algorithm, "dp_sgd_local_update", ali_algorithm.dp_sgd_local_update
-    )
+    monkeypatch.setattr(ali_algorithm, "dp_sgd_local_update", ali_algorithm.dp_sgd_local_update)
     path, algorithm = mod.SETTINGS["ali_ii_2rc"]
     monkeypatch.setitem(
         mod.SETTINGS, "ali_ii_2rc", (path, {**algorithm, "rounds": 2, "eval_every": 1})

@@ -28,11 +28,11 @@ def _kernel_step(sigma: float, seed: int = 3) -> dict[str, torch.Tensor]:
     model = nn.Sequential(nn.Flatten(), nn.Linear(6, 3))
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
-    live = kernel.LiveSubsampledGaussian(
-        SubsampledGaussian(sigma, 0.1, 1.0), torch.Generator().manual_seed(seed), "cpu"
-    )
-    live.sample(8)
-    live.step_(make_engine(model), params, x, y, lr=0.5, expected_batch_size=8.0)
+    session = kernel.PrivacySession(
+        (kernel.uses(SubsampledGaussian(sigma, 0.1, 1.0), 1),), torch.Generator().manual_seed(seed)
+    )._bind(kernel.ClientRecords(x, y, torch.arange(8)), model, make_engine(model))
+    live = session.dp_sgd()
+    live.step_(params, live.sample(), lr=0.5, divisor=8.0)
     return params
 
 

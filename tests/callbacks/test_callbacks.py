@@ -181,7 +181,11 @@ class _FakeMlflow:
         entities.Param = lambda k, v: ("param", k, v)
         entities.Metric = lambda k, v, ts, step: ("metric", k, v, step)
         self.mlflow.tracking, self.mlflow.entities = tracking, entities
-        self.modules = {"mlflow": self.mlflow, "mlflow.tracking": tracking, "mlflow.entities": entities}
+        self.modules = {
+            "mlflow": self.mlflow,
+            "mlflow.tracking": tracking,
+            "mlflow.entities": entities,
+        }
 
 
 def test_mlflow_gets_the_config_in_batches_and_metrics_per_round(tmp_path, monkeypatch):

@@ -239,8 +239,13 @@ def test_natural_client_names_reach_clients_parquet(tmp_path: Path) -> None:
         client_test_fraction=0.0,
     )
     config = small_config(
-        experiment__algorithm={"name": "fedavg", "rounds": 1, "clients_per_round": 3,
-                               "local_steps": 1, "batch_size": 2},  # fmt: skip
+        experiment__algorithm={
+            "name": "fedavg",
+            "rounds": 1,
+            "clients_per_round": 3,
+            "local_steps": 1,
+            "batch_size": 2,
+        },  # fmt: skip
         experiment__model={"name": "mlp"},
     )
     run_simulation(config, dataset=fed, run_dir=tmp_path / "run")

@@ -172,7 +172,9 @@ def test_the_tree_node_and_the_share_draw_the_old_bits():
     assert all(torch.equal(got[n], want[n]) for n in start)
 
     share = GaussianShare(1.5, 0.7, 6)
-    update = _params()
+    raw = _params()
+    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in raw.values()))
+    update = {n: t * (0.6 / norm) for n, t in raw.items()}  # clipped into S = 0.7
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     got = PrivacySession((uses(share, 1),), g1).get(GaussianShare).add(update)
     std = 1.5 * 0.7 / math.sqrt(6)  # the old distributed_noise_std

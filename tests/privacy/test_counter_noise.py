@@ -286,7 +286,9 @@ def test_the_option_travels_with_the_algorithm_and_keeps_the_poisson_draws(sampl
     assert not all(torch.equal(fast.update[k], torch_run.update[k]) for k in fast.update)
     # the first step's Poisson sample comes before any noise: the same batch (later
     # steps differ, as torch's noise advances the stream by one draw per value)
-    one_step = ClientTask(**{**vars(dp_task()), "local_steps": 1})
+    one_step = ClientTask.dp_sgd(
+        0, 0, 1, 0.5, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.1
+    )
     first = worker.run_task(exp.init_params, one_step).metrics["mean_batch_size"]
     assert first == plain_worker.run_task(plain.init_params, one_step).metrics["mean_batch_size"]
 

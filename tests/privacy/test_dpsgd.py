@@ -365,12 +365,15 @@ def test_a_weight_rule_that_exceeds_the_clip_norm_is_refused(engine_kind, rule):
         )
 
 
-def test_a_rule_within_the_bound_passes_unchanged_and_an_opt_out_is_not_checked():
-    from raydpfl.privacy.dpsgd import BoundedWeightRule
+def test_a_rule_within_the_bound_passes_unchanged_and_only_the_platform_opts_out():
+    from raydpfl.privacy.dpsgd import BoundedWeightRule, SensitivityError
 
     norms = torch.tensor([0.5, 2.0, 8.0])
     inside = BoundedWeightRule(lambda n: -clip_weights(n, 1.0), 1.0)  # sign is free
     assert torch.equal(inside(norms), -clip_weights(norms, 1.0))
     loose = lambda n: torch.full_like(n, 10.0)  # noqa: E731
-    loose.unbounded_by_design = True  # a run that opted out of DP explicitly
-    assert torch.equal(BoundedWeightRule(loose, 1.0)(norms), torch.full((3,), 10.0))
+    loose.unbounded_by_design = True  # an attribute on the rule no longer turns it off
+    with pytest.raises(SensitivityError, match="above the clip norm"):
+        BoundedWeightRule(loose, 1.0)(norms)
+    # the run-level opt-out, which only the platform passes (and lists as unbounded)
+    assert torch.equal(BoundedWeightRule(loose, 1.0, check=False)(norms), torch.full((3,), 10.0))

@@ -61,7 +61,7 @@ def test_a_certified_release_refuses_a_sigma_that_does_not_deliver_its_epsilon()
         (lambda: LaplaceRelease(0.0, 1.0), "scale_multiplier"),
         (lambda: ExponentialSelection(0.0), "epsilon"),
         (lambda: MechanismUse(SubsampledGaussian(1.0, 1.0, 0.1), -1), "count"),
-        (lambda: MechanismUse(PrivacyCost(1.0, 0.1, 1), 1), "Mechanism"),  # type: ignore[arg-type]
+        (lambda: MechanismUse(PrivacyCost(1.0, 0.1, 1), 1), "kernel's mechanism types"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_parameters_are_refused_naming_the_field(build, field):
@@ -84,14 +84,33 @@ def test_laplace_release_noise_has_scale_b_times_sensitivity():
     assert stats.kstest(z, "laplace", args=(0.0, 0.5)).pvalue > 1e-3
 
 
+def _bound(declared, gen: torch.Generator, n: int = 1000, features: int = 125):
+    """A session bound, as a worker binds it, to `n` all-zero records of a bias-free
+    linear model (every per-sample gradient exactly 0: a release is its noise alone)."""
+    from torch import nn
+
+    from raydpfl.privacy.engines import make_engine
+    from raydpfl.privacy.kernel import ClientRecords
+
+    model = nn.Linear(features, 2, bias=False)
+    records = ClientRecords(
+        torch.zeros(n, features), torch.zeros(n, dtype=torch.long), torch.arange(n)
+    )
+    params = {"weight": torch.zeros(2, features)}
+    session = PrivacySession(declared, gen)._bind(records, model, make_engine(model, "vmap"))
+    return session, params
+
+
 def test_subsampled_gaussian_adds_sigma_c_to_the_clipped_sum_and_samples_at_q():
     mech = SubsampledGaussian(2.0, 0.5, 0.3)
-    live = PrivacySession([uses(mech, 400)], _gen(3)).dp_sgd()
+    session, params = _bound([uses(mech, 400)], _gen(3))
+    live = session.dp_sgd()
     sizes, noise = [], []
     for _ in range(400):
-        sizes.append(int(live.sample(1000).numel()))
-        out = live.noisy_sum({"w": torch.zeros(250, dtype=torch.float64)})
-        noise.append(out["w"].numpy())
+        batch = live.sample()
+        sizes.append(batch.size)
+        grad, _ = live.gradient(params, batch, divisor=1.0)
+        noise.append(grad["weight"].double().flatten().numpy())
     assert abs(np.mean(sizes) - 300) < 3 * math.sqrt(1000 * 0.3 * 0.7 / 400) + 1
     z = np.concatenate(noise)
     assert abs(z.std() - 1.0) < 0.01 and stats.kstest(z, "norm").pvalue > 1e-3
@@ -100,30 +119,32 @@ def test_subsampled_gaussian_adds_sigma_c_to_the_clipped_sum_and_samples_at_q():
 # ---- the session: only declared mechanisms, every invocation counted --------------------
 def test_the_session_counts_invocations_into_the_receipt():
     a, b = SubsampledGaussian(1.0, 1.0, 0.5), GaussianRelease(1.0, 1.0)
-    session = PrivacySession([uses(a, 3), uses(b, 1)], _gen())
+    session, params = _bound([uses(a, 3), uses(b, 1)], _gen(), n=10, features=3)
     dp = session.get(a)
     for _ in range(2):
-        dp.sample(10)
-        dp.noisy_sum({"w": torch.zeros(2)})
+        dp.step_(params, dp.sample(), lr=0.1, divisor=5.0)
     session.get(GaussianRelease).open()
-    assert session.receipt() == Receipt((MechanismUse(a, 2), MechanismUse(b, 1)))
+    assert session.receipt().uses == (MechanismUse(a, 2), MechanismUse(b, 1))
 
 
 def test_only_completed_invocations_count():
-    """A sample released elsewhere (noise drawn outside the mechanism) never completes:
-    the receipt comes back one short, and a second sample is refused; only an empty batch
-    may be skipped."""
+    """A sample released elsewhere never completes: the receipt comes back one short, and
+    a second sample is refused; only an empty batch may be skipped."""
     mech = SubsampledGaussian(1.0, 1.0, 0.5)
-    dp = PrivacySession([uses(mech, 1)], _gen()).dp_sgd()
-    assert dp.sample(100).numel() > 0
+    session, _ = _bound([uses(mech, 1)], _gen(), n=100, features=3)
+    dp = session.dp_sgd()
+    batch = dp.sample()
+    assert batch.size > 0
     assert dp.count == 0
     with pytest.raises(PrivacyContractError, match="only an open invocation with an empty"):
-        dp.skip_empty()
+        dp.skip_empty(batch)
     with pytest.raises(PrivacyContractError, match="before the previous one was released"):
-        dp.sample(100)
-    empty = PrivacySession([uses(SubsampledGaussian(1.0, 1.0, 0.0), 1)], _gen()).dp_sgd()
-    assert empty.sample(100).numel() == 0  # q = 0: always empty
-    empty.skip_empty()
+        dp.sample()
+    empty_session, _ = _bound([uses(SubsampledGaussian(1.0, 1.0, 0.0), 1)], _gen(), 100, 3)
+    empty = empty_session.dp_sgd()
+    batch = empty.sample()
+    assert batch.is_empty  # q = 0: always empty
+    empty.skip_empty(batch)
     assert empty.count == 1
 
 
@@ -138,16 +159,21 @@ def test_an_undeclared_mechanism_is_refused():
 
 
 def test_a_release_needs_its_own_invocation():
-    session = PrivacySession(
-        [uses(SubsampledGaussian(1.0, 1.0, 0.5), 2), uses(GaussianRelease(1.0, 1.0), 1)], _gen()
-    )
+    declared = [uses(SubsampledGaussian(1.0, 1.0, 0.5), 2), uses(GaussianRelease(1.0, 1.0), 1)]
+    session, params = _bound(declared, _gen(), n=10, features=3)
     dp = session.dp_sgd()
-    dp.sample(10)
-    dp.noisy_sum({"w": torch.zeros(3)})
+    batch = dp.sample()
+    dp.step_(params, batch, lr=0.1, divisor=5.0)
     with pytest.raises(PrivacyContractError, match="without its own Poisson sample"):
-        dp.noisy_sum({"w": torch.zeros(3)})  # a second release of one sample
+        dp.step_(params, batch, lr=0.1, divisor=5.0)  # a second release of one sample
     with pytest.raises(PrivacyContractError, match="outside an invocation"):
         session.get(GaussianRelease).noise(torch.Size([2]))
+
+
+def test_a_session_that_no_worker_bound_releases_nothing():
+    dp = PrivacySession([uses(SubsampledGaussian(1.0, 1.0, 0.5), 1)], _gen()).dp_sgd()
+    with pytest.raises(PrivacyContractError, match="not bound to a client's records"):
+        dp.sample()
 
 
 def test_check_receipt_refuses_any_difference_and_names_client_and_round():

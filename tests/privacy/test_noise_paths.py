@@ -62,7 +62,6 @@ from raydpfl.data.federated import FederatedDataset
 from raydpfl.privacy.kernel import (
     ExponentialSelection,
     LaplaceRelease,
-    PrivacySession,
     uses,
 )
 from raydpfl.simulation.seeding import torch_generator
@@ -303,6 +302,18 @@ def flat(update: dict[str, torch.Tensor]) -> np.ndarray:
     return torch.cat([t.detach().reshape(-1).double() for t in update.values()]).numpy()
 
 
+def prefix_task(task, tau: int):
+    """`task` cut to its first `tau` DP-SGD steps, declaring (and so charged for) `tau`
+    invocations of its `SubsampledGaussian`: the worker refuses a receipt that differs."""
+    from raydpfl.privacy.kernel import SubsampledGaussian, uses
+
+    mechanisms = tuple(
+        uses(u.mechanism, tau) if isinstance(u.mechanism, SubsampledGaussian) else u
+        for u in task.mechanisms
+    )
+    return dataclasses.replace(task, local_steps=tau, mechanisms=mechanisms)
+
+
 def per_step_noise(run: Callable[[int], np.ndarray], steps: int) -> list[np.ndarray]:
     """Each step's noise from prefix runs of the same task: with the null model a run of τ
     steps releases exactly the sum of its τ steps' noise (scaled), and a run of τ − 1
@@ -380,7 +391,7 @@ def dpsgd_release(algorithm, *, engine="vmap", worker_cls=ClientWorker) -> Relea
         for task in algorithm.plan(r, list(DPSGD_CLIENTS), np.array(sizes)):
 
             def run(tau: int, task=task) -> np.ndarray:
-                return flat(w.run_task(zeros(), dataclasses.replace(task, local_steps=tau)).update)
+                return flat(w.run_task(zeros(), prefix_task(task, tau)).update)
 
             rows += per_step_noise(run, task.local_steps)
             scales += [dpsgd_claim(task, N_RECORDS)] * task.local_steps
@@ -527,7 +538,7 @@ def test_rc_dpfl_gmm_stage_update_noise():
         assert task.sampling_rate == 1.0 and task.local_steps == 2
 
         def run(tau: int, task=task) -> np.ndarray:
-            return flat(w.run_task(zeros(), dataclasses.replace(task, local_steps=tau)).update)
+            return flat(w.run_task(zeros(), prefix_task(task, tau)).update)
 
         rows += per_step_noise(run, task.local_steps)
         scales += [dpsgd_claim(task, N_RECORDS)] * task.local_steps
@@ -674,11 +685,11 @@ def bcs_tasks(algorithm, rounds, n):
         yield r, algorithm.plan(r, cohort, sizes)
 
 
-def bcs_update_release(mechanism: str, stage: int, cls=None) -> Release:
+def bcs_update_release(mechanism: str, stage: int, cls=None, worker_cls=ClientWorker) -> Release:
     """−update of each task is exactly the noise (the clean step η·mean clip(∇) is 0)."""
     selection = "bcs" if stage == 1 else "uniform"
     algorithm = dpfl_bcs(mechanism, selection=selection, cls=cls)
-    w = worker(algorithm, [BCS_RECORDS] * 12)
+    w = worker(algorithm, [BCS_RECORDS] * 12, worker_cls=worker_cls)
     rows, scales = [], []
     for _, tasks in bcs_tasks(algorithm, (0, 2), 12):
         for task in tasks[:6]:
@@ -1155,65 +1166,55 @@ def weakened(task: ClientTask, factor: float) -> ClientTask:
     )
 
 
-def own_session(ctx, task: ClientTask):
-    """Broken on purpose: a context whose privacy session the client half built itself
-    from `task` instead of the worker's (on a real run the worker's receipt then shows no
-    invocation and the server refuses the result; these drivers skip the server, so the
-    noise checks must catch it)."""
-    return dataclasses.replace(
-        ctx, privacy=PrivacySession(task.mechanisms, ctx.generator, ctx.device)
-    )
+class WeakenedWorker(ClientWorker):
+    """Broken platform (a negative control for the noise checks, not a plug-in): the
+    session draws every mechanism at a tenth of its declared noise (an exponential
+    selection at ten times its ε), and the worker's receipt check is off. A plug-in cannot
+    do this: its client half always gets the worker's session of the declared task
+    (`tests/privacy/adversarial/`)."""
+
+    def _client(self, task: ClientTask):
+        return super()._client(weakened(task, 0.1))
+
+    def _check_result(self, task, result, session, receipt) -> None:
+        return None
 
 
-def quiet(cls):
-    """Broken: a subclass whose client half uses σ/10 but charges the declared σ."""
+class ReplayingWorker(ClientWorker):
+    """Broken platform: each task's mechanisms rewind the client's stream to where it was
+    before every Poisson sample, so all of a task's steps reuse the first step's draws."""
 
-    class Quiet(cls):
-        def local_update(self, ctx, params, data, task):
-            forged = weakened(task, 0.1)
-            return super().local_update(own_session(ctx, forged), params, data, forged)
+    def _client(self, task: ClientTask):
+        data, ctx, session = super()._client(task)
+        for live in session:
+            if hasattr(live, "sample"):
+                gen = live._generator
+                state = gen.get_state()
+                original = live.sample
 
-    return Quiet
+                def sample(original=original, gen=gen, state=state):
+                    gen.set_state(state)
+                    return original()
 
-
-def replaying(cls):
-    """Broken: a subclass whose client half rewinds the stream before every step, so all
-    of a task's steps reuse the first step's draws."""
-
-    class Replaying(cls):
-        def local_update(self, ctx, params, data, task):
-            from raydpfl.algorithms.base import ClientResult, parameter_delta
-
-            state, start = ctx.generator.get_state(), {n: p.clone() for n, p in params.items()}
-            for _ in range(task.local_steps):
-                ctx.generator.set_state(state)
-                super().local_update(ctx, params, data, dataclasses.replace(task, local_steps=1))
-            n = data.num_examples
-            return ClientResult(task.client_id, parameter_delta(params, start), float(n), n)
-
-    return Replaying
+                live.sample = sample
+        return data, ctx, session
 
 
 def test_negative_noise_scaled_by_a_tenth_is_caught():
-    from raydpfl.algorithms.dp_fedavg import DPFedAvg
 
-    broken = dp_fedavg()
-    broken.__class__ = quiet(DPFedAvg)
     with pytest.raises(AssertionError, match="empirical std"):
-        check_release(dpsgd_release(broken), "broken DP-SGD")
+        check_release(dpsgd_release(dp_fedavg(), worker_cls=WeakenedWorker), "broken DP-SGD")
 
 
 def test_negative_laplace_scaled_by_a_tenth_is_caught():
     from raydpfl.papers.dpfl_bcs.algorithm import DpflBcs
 
-    class QuietBcs(DpflBcs):
-        def local_update(self, ctx, params, data, task):
-            forged = weakened(task, 0.1)
-            return super().local_update(own_session(ctx, forged), params, data, forged)
-
     with pytest.raises(AssertionError, match="empirical scale"):
-        check_release(bcs_update_release("laplace", 2, cls=QuietBcs), "broken Laplace")
-    z = bcs_loss_reports("laplace", cls=QuietBcs)
+        check_release(
+            bcs_update_release("laplace", 2, cls=DpflBcs, worker_cls=WeakenedWorker),
+            "broken Laplace",
+        )
+    z = bcs_loss_reports("laplace", cls=DpflBcs, worker_cls=WeakenedWorker)
     with pytest.raises(AssertionError, match="empirical scale"):
         assert_laplace(z, 1.0, "broken Laplace loss reports")
 
@@ -1244,12 +1245,8 @@ def test_negative_client_level_noise_scaled_by_a_tenth_is_caught():
 def test_negative_a_greedier_selection_is_caught():
     from raydpfl.papers.rc_dpfl.algorithm import RcDpfl
 
-    class Greedy(RcDpfl):  # Gumbel scale / 10 (ε × 10) under the declared charge
-        def choose_cluster(self, ctx, params, data, task):
-            forged = weakened(task, 0.1)
-            return super().choose_cluster(own_session(ctx, forged), params, data, forged)
-
-    choices, probs = selections(cls=Greedy)
+    # Gumbel scale / 10 (ε × 10) under the declared charge
+    choices, probs = selections(cls=RcDpfl, worker_cls=WeakenedWorker)
     with pytest.raises(AssertionError, match="category"):
         check_selections(choices, probs)
 
@@ -1278,12 +1275,9 @@ def test_negative_draws_reused_across_clients_and_rounds_are_caught():
 
 
 def test_negative_draws_reused_across_steps_are_caught():
-    from raydpfl.algorithms.dp_fedavg import DPFedAvg
 
-    broken = dp_fedavg()
-    broken.__class__ = replaying(DPFedAvg)
     with pytest.raises(AssertionError, match=r"are equal|share draws"):
-        check_release(dpsgd_release(broken), "replayed steps")
+        check_release(dpsgd_release(dp_fedavg(), worker_cls=ReplayingWorker), "replayed steps")
 
 
 def test_negative_a_shifted_stream_is_caught():

@@ -30,8 +30,6 @@ def test_the_last_round_of_an_early_stop_is_listed(tmp_path, client_test_fractio
     rows = result.history.to_pandas()
     if client_test_fraction:
         assert last["num_test_examples"].gt(0).all()
-        assert rows["client_accuracy_mean"].iloc[-1] == pytest.approx(
-            last["test_accuracy"].mean()
-        )
+        assert rows["client_accuracy_mean"].iloc[-1] == pytest.approx(last["test_accuracy"].mean())
     else:
         assert (last["num_test_examples"] == 0).all()

@@ -59,7 +59,7 @@ def _ctx(model) -> ClientContext:
 
 def test_the_client_step_is_the_mse_gradient():
     model, params, data = _data()
-    x, y = data.x, data.y
+    x, y = data.records()
     w, b = params["linear.weight"], params["linear.bias"]
     residual = x @ w[0] + b - y
     grad_w, grad_b = 2 * residual @ x / len(y), 2 * residual.mean()  # ∇ mean (w·x + b − y)²
@@ -83,17 +83,17 @@ def test_the_client_step_is_the_mse_gradient():
 
 def test_evaluation_reports_mse_and_no_accuracy_for_float_targets():
     model, params, data = _data()
-    out = evaluate(model, params, data.x, data.y)
-    pred = data.x @ params["linear.weight"][0] + params["linear.bias"][0]
+    out = evaluate(model, params, data.records()[0], data.records()[1])
+    pred = data.records()[0] @ params["linear.weight"][0] + params["linear.bias"][0]
     assert out.regression and math.isnan(out.accuracy)
-    assert out.loss == pytest.approx(float(((pred - data.y) ** 2).mean()), rel=1e-5)
+    assert out.loss == pytest.approx(float(((pred - data.records()[1]) ** 2).mean()), rel=1e-5)
     # Classification is unchanged: cross-entropy and accuracy.
     clf = build_model("bcs_linear", (10,), 3)
     cparams = dict(clf.named_parameters())
     labels = torch.randint(0, 3, (30,))
-    res = evaluate(clf, cparams, data.x, labels)
+    res = evaluate(clf, cparams, data.records()[0], labels)
     with torch.no_grad():
-        logits = clf(data.x)
+        logits = clf(data.records()[0])
     assert not res.regression
     assert res.loss == pytest.approx(float(F.cross_entropy(logits, labels)), rel=1e-6)
     assert res.accuracy == pytest.approx(float((logits.argmax(1) == labels).float().mean()))

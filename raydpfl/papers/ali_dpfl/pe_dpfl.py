@@ -264,7 +264,7 @@ class PeDpfl(UniformCohortAlgorithm):
     ) -> ClientResult:
         if task.kind != "train":
             raise ValueError(f"pe_dpfl has no task kind {task.kind!r}")
-        upload = privacy_session(ctx, task).get(GaussianRelease)
+        upload = privacy_session(ctx, task, data).get(GaussianRelease)
         start = {n: p.clone() for n, p in params.items()}
         classifier = classifier_names(params)
         n = data.num_examples

@@ -113,6 +113,7 @@ class BcsClientStep:
         x: torch.Tensor,
         y: torch.Tensor,
         task: ClientTask,
+        data: ClientData | None = None,
     ) -> tuple[Params, dict[str, float]]:
         """The released step η_t·(clipped mean gradient) + noise for every `trainable`
         coordinate (`const` enters the forward pass only), and in stage 1 the two noisy loss
@@ -121,7 +122,7 @@ class BcsClientStep:
         mean_grad = self._clipped_mean(ctx, trainable, x, y, const)
         step = {n: g * lr for n, g in mean_grad.items()}  # g_n^t = η_t·∇F_n
         # One invocation of the task's declared release (none for a non-private baseline).
-        release = privacy_session(ctx, task).get().open() if task.mechanisms else None
+        release = privacy_session(ctx, task, data).get().open() if task.mechanisms else None
         scale = release.scale if release is not None else 0.0
         metrics: dict[str, float] = {}
         if task.extras.get("stage1", 0.0):
@@ -142,8 +143,8 @@ class BcsClientStep:
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
-        x, y = data.batch(torch.arange(data.num_examples, device=data.indices.device))
-        noisy, metrics = self._noisy_step(ctx, params, {}, x, y, task)
+        x, y = data.batch(torch.arange(data.num_examples, device=data.device))
+        noisy, metrics = self._noisy_step(ctx, params, {}, x, y, task, data)
         return ClientResult(
             client_id=task.client_id,
             update={name: -g for name, g in noisy.items()},

@@ -80,9 +80,8 @@ class FairClipRule(LossWeightRule):
         self.negative_scale = 0
         self.negative_weight = False
         # Eq. 13 verbatim can give negative weights (unbounded sensitivity): the config
-        # must opt in (allow_not_dp) and the run lists itself NOT DIFFERENTIALLY PRIVATE,
-        # so the run-time bound check (dpsgd.BoundedWeightRule) stands aside for it only.
-        self.unbounded_by_design = mode == "paper"
+        # must opt in (allow_not_dp), the builder sets the run-level opt-out
+        # (kernel.UNBOUNDED_WEIGHT_RULES) and the platform lists the run as unbounded.
         super().__init__(self._weights)
 
     def _weights(self, norms: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:

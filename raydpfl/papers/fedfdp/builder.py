@@ -37,6 +37,7 @@ from raydpfl.papers.fedfdp.options import PRIVATE_NAMES
 from raydpfl.papers.fedfdp.privacy_plan import plan_privacy
 from raydpfl.papers.fedfdp.qffl import DPQFFL, QFFL
 from raydpfl.papers.fedfdp.scaffold import DPScaffold, Scaffold
+from raydpfl.privacy.kernel import UNBOUNDED_WEIGHT_RULES
 from raydpfl.privacy.ledger import PrivacyLedger
 
 
@@ -152,7 +153,7 @@ def _private(
                 d=sum(p.numel() for p in model.parameters() if p.requires_grad),
                 B_hat=max(1.0, q * float(dataset.train_sizes().min())),
             )
-        return FedFDP(
+        fedfdp = FedFDP(
             lam=opts.lam,
             loss_upload=upload,
             clip_mode=opts.clip_mode,
@@ -162,6 +163,9 @@ def _private(
             drop_mu_sq=opts.bound.drop_mu_sq,
             **common,
         )
+        if opts.clip_mode == "paper":  # the run-level opt-out (allow_not_dp, checked above)
+            setattr(fedfdp, UNBOUNDED_WEIGHT_RULES, True)
+        return fedfdp
     if name == "dp_fedprox":
         return DPFedProx(mu=opts.prox_mu, **common)
     if name == "dp_scaffold":

@@ -68,7 +68,7 @@ def mean_loss(
     """Mean cross-entropy over all of the client's training records."""
     n, total = data.num_examples, 0.0
     for start in range(0, n, chunk):
-        x, y = data.batch(torch.arange(start, min(n, start + chunk), device=data.indices.device))
+        x, y = data.batch(torch.arange(start, min(n, start + chunk), device=data.device))
         total += float(per_sample_losses(model, params, x, y).double().sum())
     return total / max(n, 1)
 

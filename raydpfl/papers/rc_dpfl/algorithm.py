@@ -122,9 +122,7 @@ def train_loss_and_accuracy(
     n = data.num_examples
     loss_sum, correct = 0.0, 0
     for start in range(0, n, _EVAL_BATCH):
-        x, y = data.batch(
-            torch.arange(start, min(n, start + _EVAL_BATCH), device=data.indices.device)
-        )
+        x, y = data.batch(torch.arange(start, min(n, start + _EVAL_BATCH), device=data.device))
         logits = functional_call(model, params, (x,))
         loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(1) == y).sum())
@@ -321,7 +319,7 @@ class ClusteredDPFL(Algorithm):
         if not task.mechanisms:
             choice = int(loss_assignments(np.asarray([losses]))[0])
         else:  # the declared exponential mechanism draws the Gumbel noise
-            selection = privacy_session(ctx, task).get(ExponentialSelection)
+            selection = privacy_session(ctx, task, data).get(ExponentialSelection)
             rng = selection.rng()
             choice = int(
                 private_select_clusters(

@@ -174,14 +174,15 @@ def test_dp_loss_query_is_the_clipped_mean_loss_plus_scaled_noise():
         0,
         local_steps=0,
         lr=0.0,
+        invocations=1,  # one loss query
         sampling_rate=1.0,
         clip_norm=0.3,
         kind=DP_LOSS,
         noise_multiplier=0.0,
     )
     algo = _algo()
-    logits = data.x @ params["linear.weight"].T + params["linear.bias"]
-    per = torch.nn.functional.cross_entropy(logits, data.y, reduction="none")
+    logits = data.records()[0] @ params["linear.weight"].T + params["linear.bias"]
+    per = torch.nn.functional.cross_entropy(logits, data.records()[1], reduction="none")
 
     clean = algo.local_update(_ctx(model), params, data, task).metrics["dp_loss"]
     assert clean == pytest.approx(float(per.clamp(max=0.3).mean()), rel=1e-5)
@@ -191,6 +192,7 @@ def test_dp_loss_query_is_the_clipped_mean_loss_plus_scaled_noise():
         0,
         local_steps=0,
         lr=0.0,
+        invocations=1,
         sampling_rate=1.0,
         clip_norm=0.3,
         noise_multiplier=2.0,

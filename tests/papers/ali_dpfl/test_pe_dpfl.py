@@ -97,8 +97,8 @@ def test_local_step_follows_the_regularised_gradient_formula():
     xi_w = torch.randn(w0.shape, generator=gen)
     xi_b = torch.randn(b0.shape, generator=gen)
     lam, s = algo.reg_weight, algo.perturbation_std
-    gw, gb = _ce_grads(w0, b0, data.x, data.y)
-    pw, pb = _ce_grads(w0 + s * xi_w, b0 + s * xi_b, data.x, data.y)
+    gw, gb = _ce_grads(w0, b0, data.records()[0], data.records()[1])
+    pw, pb = _ce_grads(w0 + s * xi_w, b0 + s * xi_b, data.records()[0], data.records()[1])
     # ∇J = (1 − λ)∇ℓ(w) + λ∇ℓ(w_cls + ξ); one step of η.
     expect_w = -algo.lr * ((1 - lam) * gw + lam * pw)
     expect_b = -algo.lr * ((1 - lam) * gb + lam * pb)
@@ -115,7 +115,7 @@ def test_without_the_regulariser_the_step_is_plain_sgd():
 
     result = algo.local_update(_ctx(model), params, data, _task(algo, clip=1e6, noise=0.0))
 
-    gw, _ = _ce_grads(w0, b0, data.x, data.y)
+    gw, _ = _ce_grads(w0, b0, data.records()[0], data.records()[1])
     torch.testing.assert_close(result.update["linear.weight"], -algo.lr * gw, atol=1e-6, rtol=0)
 
 

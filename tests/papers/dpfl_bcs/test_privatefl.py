@@ -150,7 +150,7 @@ def test_evaluation_composes_the_shared_model_with_each_clients_transform():
         TRANSFORM_SCALE: torch.linspace(0.5, 2.0, FEATURES),
         TRANSFORM_SHIFT: torch.linspace(-1.0, 1.0, FEATURES),
     }
-    x, y = data.x, data.y
+    x, y = data.records()
     composed = evaluate(model, {**params, **transform}, x, y)
     by_hand = evaluate(
         model, params, x * transform[TRANSFORM_SCALE] + transform[TRANSFORM_SHIFT], y

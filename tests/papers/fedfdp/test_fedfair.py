@@ -39,13 +39,13 @@ def test_local_step_is_sgd_with_the_dynamic_learning_rate_and_uploads_the_loss()
     w0 = params_of(model)
     w = {k: v.clone() for k, v in w0.items()}
     for _ in range(2):  # batch = all 40 records
-        loss, g = batch_loss_and_grad(model, w, data.x, data.y)
+        loss, g = batch_loss_and_grad(model, w, data.records()[0], data.records()[1])
         w = {k: w[k] - 0.3 * (1 + 0.5 * (loss - 0.4)) * g[k] for k in w}
     for k in w:
         torch.testing.assert_close(res.update[k], w[k] - w0[k])
     with torch.no_grad():
         final = torch.nn.functional.cross_entropy(
-            torch.func.functional_call(model, w, (data.x,)), data.y
+            torch.func.functional_call(model, w, (data.records()[0],)), data.records()[1]
         )
     assert res.metrics["uploaded_loss"] == pytest.approx(float(final), rel=1e-5)
 

@@ -68,7 +68,7 @@ def test_fair_clip_factor_never_lets_a_sample_above_c_in_dp_modes(mode, lam):
     model, data = tiny_model(), tiny_data()
     params = params_of(model)
     engine = PerSampleGradients(model)
-    grads, losses = engine._per_sample_grad_and_loss(params, data.x, data.y)
+    grads, losses = engine._per_sample_grad_and_loss(params, data.records()[0], data.records()[1])
     clip = 0.05
     rule = FairClipRule(global_loss=3.0, lam=lam, clip_norm=clip, mode=mode)
     weights = rule(per_sample_norms(grads), losses)
@@ -97,10 +97,24 @@ def test_lambda_zero_is_dp_fedavg_bit_for_bit():
 
 
 def test_paper_rule_marks_the_run_not_dp_when_a_weight_goes_negative():
+    from raydpfl.algorithms.base import direct_context
+    from raydpfl.privacy.kernel import UNBOUNDED_NOTE
+
     model, data = tiny_model(), tiny_data(60)
     algo = _fedfdp(clip_mode="paper")
-    res = algo.local_update(ctx(model), params_of(model), data, _train_task(50.0, 5.0))
+    train = _train_task(50.0, 5.0)
+    # the run-level opt-out the builder sets for clip_mode: paper (a worker reads it)
+    paper_ctx = direct_context(
+        model, data, train, torch.Generator().manual_seed(0), unbounded_weight_rules=True
+    )
+    res = algo.local_update(paper_ctx, params_of(model), data, train)
     assert res.metrics["negative_weight"] == 1.0
+    assert UNBOUNDED_NOTE in paper_ctx.privacy.receipt().notes  # the platform lists it
+    # without the opt-out the same rule is refused at its first step
+    from raydpfl.privacy.dpsgd import SensitivityError
+
+    with pytest.raises(SensitivityError, match="FairClipRule"):
+        algo.local_update(ctx(model), params_of(model), tiny_data(60), train)
     assert not any("NOT DIFFERENTIALLY" in s for s in algo.unaccounted_releases())
     task = ClientTask(client_id=0, round_idx=3, local_steps=2, lr=0.5)
     algo.aggregate(params_of(model), [task], [res])
@@ -127,6 +141,7 @@ def _loss_task(clip: float, sigma: float, q: float = 1.0) -> ClientTask:
         round_idx=0,
         local_steps=0,
         lr=0.0,
+        invocations=1,  # one loss query
         sampling_rate=q,
         noise_multiplier=sigma,
         kind="loss",
@@ -136,7 +151,9 @@ def _loss_task(clip: float, sigma: float, q: float = 1.0) -> ClientTask:
 
 def test_loss_release_clips_to_the_bound_and_adds_gaussian_noise_sigma_l_c_l():
     model, data = tiny_model(), tiny_data(50)
-    losses = torch.nn.functional.cross_entropy(model(data.x), data.y, reduction="none").detach()
+    losses = torch.nn.functional.cross_entropy(
+        model(data.records()[0]), data.records()[1], reduction="none"
+    ).detach()
     clip = float(losses.median())
     # q = 1: the batch is every record; without noise the release is Σ min(ℓ, C_l) / |D|.
     r = release_loss(ctx(model), params_of(model), data, _loss_task(clip, 1e-12))

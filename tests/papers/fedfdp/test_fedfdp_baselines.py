@@ -32,7 +32,7 @@ def _manual_sgd(model, data, steps, lr, extra):
     """Full-batch SGD by hand: w ← w − η(∇F(w) + extra(w, w0))."""
     w0 = params_of(model)
     w = {k: v.clone() for k, v in w0.items()}
-    x, y = data.x, data.y
+    x, y = data.records()
     for _ in range(steps):
         _, g = batch_loss_and_grad(model, w, x, y)
         e = extra(w, w0)
@@ -183,5 +183,5 @@ def test_every_algorithm_runs_end_to_end_and_private_ones_charge_the_ledger(name
 def test_first_batch_loss_is_the_loss_at_the_start_model():
     model, data = tiny_model(), tiny_data()
     res = QFFL(**COMMON).local_update(ctx(model), params_of(model), data, _task())
-    want = float(F.cross_entropy(model(data.x), data.y).detach())
+    want = float(F.cross_entropy(model(data.records()[0]), data.records()[1]).detach())
     assert res.metrics["first_batch_loss"] == pytest.approx(want, rel=1e-5)
