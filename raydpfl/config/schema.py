@@ -332,13 +332,30 @@ class CharTransformerOptions:
         _check(self.layers >= 1, "layers", f"must be >= 1, got {self.layers}")
 
 
-with contextlib.suppress(registry.RegistryError):  # a user's registration stands
-    registry.register(
-        "model",
-        "char_transformer",
-        "raydpfl.models.text:CharTransformer",
-        options=CharTransformerOptions,
-    )
+@dataclass(frozen=True, kw_only=True)
+class CharLSTMOptions:
+    """``experiment.model.options`` of ``char_lstm`` (token windows → next token; an LSTM
+    from Linear cells, `raydpfl.models.recurrent.DPLSTM`)."""
+
+    vocab_size: int | None = None  # token ids in [0, vocab_size); null = num_classes
+    embed: int = 8  # embedding width (LEAF's Shakespeare LSTM: 8)
+    hidden: int = 256  # LSTM state width (LEAF: 256)
+    layers: int = 2  # stacked LSTM layers (LEAF: 2)
+
+    def __post_init__(self) -> None:
+        v = self.vocab_size
+        _check(v is None or v >= 2, "vocab_size", f"must be null or >= 2, got {v}")
+        for name in ("embed", "hidden", "layers"):
+            value = getattr(self, name)
+            _check(value >= 1, name, f"must be >= 1, got {value}")
+
+
+for _name, _target, _options in (
+    ("char_transformer", "raydpfl.models.text:CharTransformer", CharTransformerOptions),
+    ("char_lstm", "raydpfl.models.text:CharLSTM", CharLSTMOptions),
+):
+    with contextlib.suppress(registry.RegistryError):  # a user's registration stands
+        registry.register("model", _name, _target, options=_options)
 
 
 #: Datasets read from files the user brings (`raydpfl.data.readers`): registered in the

@@ -38,13 +38,19 @@ channels-first input (runs of an output row; the per-sample gradient is then for
 backends keep freed blocks in the heap (`raydpfl.backends.allocator`) so that they are
 reused instead of being faulted in again.
 
-A model with any other parameterised layer is not supported; `supports(model)` says so
-and the caller falls back to `PerSampleGradients` (torch.func). Nor is a parameter shared
-by two layers (tied weights: `supports` refuses it) or a layer called more than once in
-one forward pass: its per-sample gradient is the sum of the calls' gradients, whose norm
-is not the root of the calls' summed squared norms, so the clipping bound would not hold.
-Only the forward pass shows a repeated call; the engine then raises `SharedLayerError`
-internally and hands that model to `PerSampleGradients` for good.
+More layers have rules in `raydpfl.privacy.per_sample` (Embedding, LayerNorm, RMSNorm),
+which this engine dispatches to. A model with any other parameterised layer is not
+supported; `first_unsupported(model)` names the layer and the caller falls back to
+`PerSampleGradients` (torch.func). (`supports(model)` asks about the three rules of this
+module alone: the grouped multi-client engine, `raydpfl.privacy.multi_client`, has no
+others.) Nor is a parameter shared by two layers (tied weights) or a non-Linear layer
+called more than once in one forward pass: its per-sample gradient is the sum of the
+calls' gradients, whose norm is not the root of the calls' summed squared norms, so the
+clipping bound would not hold. A Linear layer's calls are merged into one record of
+stacked positions, which is exact (`per_sample.repeated`: recurrent cells). Only the
+forward pass shows a repeated call, or a layer applied to a tensor without the batch
+axis; the engine then raises `SharedLayerError` internally and hands that model to
+`PerSampleGradients` for good.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raydpfl.privacy import per_sample
 from raydpfl.privacy.dpsgd import (
     Params,
     PerSampleGradients,
@@ -65,6 +72,7 @@ from raydpfl.privacy.dpsgd import (
     per_sample_norms,
 )
 from raydpfl.privacy.param_binding import ParameterBinding
+from raydpfl.privacy.per_sample import repeated
 
 _SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
 
@@ -86,25 +94,47 @@ def check_no_shared_layers(records: list) -> None:
 
 
 def supports(model: nn.Module) -> bool:
-    """True when every module that owns parameters has a book-keeping rule here and no
+    """True when every module that owns parameters has a book-keeping rule of this module
+    (Linear, Conv2d, GroupNorm: the ones the grouped multi-client engine also has) and no
     parameter is shared by two modules (a layer called twice shows only at run time)."""
+    return first_unsupported(model, core_only=True) is None
+
+
+def first_unsupported(model: nn.Module, *, core_only: bool = False) -> str | None:
+    """None when `BookkeepingClipping` has a rule for every module that owns parameters
+    (here or in `raydpfl.privacy.per_sample`; only here with `core_only`) and no
+    parameter is shared by two modules; otherwise one phrase naming the first layer
+    that has none and why, e.g. "layer 'rnn' (LSTM) has no per-sample rule"."""
     owners: set[int] = set()
-    for module in model.modules():
+    covered = {
+        id(child)
+        for module in model.modules()
+        if not core_only
+        for child in per_sample.owned_children(module)
+    }
+    for name, module in model.named_modules():
         own = [id(p) for p in module.parameters(recurse=False)]
-        if not own:
+        if not own or id(module) in covered:
             continue
+        label = f"layer {name or '<root>'!r} ({type(module).__name__})"
         if owners.intersection(own):  # tied weights
-            return False
+            return f"{label} shares a parameter with another layer (tied weights)"
         owners.update(own)
+        rule = None if core_only else per_sample.rule_for(module)
+        if rule is not None:
+            reason = rule.refusal(module)
+            if reason is not None:
+                return f"{label} has no per-sample rule: {reason}"
+            continue
         if not isinstance(module, _SUPPORTED):
-            return False
+            return f"{label} has no per-sample rule"
         if isinstance(module, nn.Conv2d) and (
             module.groups != 1 or module.padding_mode != "zeros"
         ):
-            return False
+            return f"{label} has no per-sample rule for groups != 1 or non-zero padding"
         if isinstance(module, nn.GroupNorm) and not module.affine:
-            return False
-    return True
+            return f"{label} has no per-sample rule without an affine"
+    return None
 
 
 @dataclass
@@ -127,6 +157,8 @@ class _Record:
     # A Conv2d's per_sample is (B, p, q) with p in the weight's (C_in, k_h, k_w) order
     # (from channels-first patches, `_conv_patches_cf`) instead of (B, q, p).
     per_sample_pq: bool = False
+    # What a `raydpfl.privacy.per_sample` rule keeps between its norm and its weighted sum.
+    rule_cache: dict | None = None
 
 
 class BookkeepingClipping:
@@ -137,8 +169,11 @@ class BookkeepingClipping:
     """
 
     def __init__(self, model: nn.Module, max_chunk: int = 1024) -> None:
-        if not supports(model):
-            raise ValueError(f"{type(model).__name__} has a layer without a book-keeping rule")
+        missing = first_unsupported(model)
+        if missing is not None:
+            raise ValueError(
+                f"{type(model).__name__} has a layer without a book-keeping rule: {missing}"
+            )
         self.model = model
         self.max_chunk = max_chunk
         self._records: list[_Record] | None = None
@@ -146,8 +181,12 @@ class BookkeepingClipping:
         self._fallback: PerSampleGradients | None = None
         self._prefix = {m: name for name, m in model.named_modules()}
         self._binding = ParameterBinding(model)  # cheaper than functional_call per step
+        covered = {id(c) for m in model.modules() for c in per_sample.owned_children(m)}
         for module in model.modules():
-            if isinstance(module, _SUPPORTED):
+            if (
+                isinstance(module, _SUPPORTED + per_sample.RULE_TYPES)
+                and id(module) not in covered
+            ):
                 module.register_forward_hook(self._record)
 
     def _record(
@@ -265,6 +304,9 @@ class BookkeepingClipping:
     def _norms_and_losses(
         self, params: Params, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, list[_Record], torch.Tensor]:
+        if x.shape[0] == 0:  # no records, no norms (the rules' shapes need a sample)
+            empty = torch.zeros(0, device=x.device)
+            return empty, [], empty
         leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
         self._records = []
         try:
@@ -272,16 +314,33 @@ class BookkeepingClipping:
                 logits = self.model(x)
                 losses = F.cross_entropy(logits, y, reduction="none")
                 records = self._records
+                _check_calls(records, x.shape[0])  # before the backward pass
                 grads = torch.autograd.grad(losses.sum(), [r.output for r in records])
         finally:
             self._records = None
-        check_no_shared_layers(records)
-        norms_sq = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
         for rec, g in zip(records, grads, strict=True):
             rec.grad = g.detach()
             rec.output = rec.output.detach()
+        records = repeated.merge_repeated(records)  # a Linear's calls: one record
+        norms_sq = torch.zeros(x.shape[0], dtype=losses.dtype, device=x.device)
+        for rec in records:
             norms_sq += _norm_sq(rec)
         return norms_sq.sqrt(), records, losses.detach()
+
+
+def _check_calls(records: list[_Record], batch: int) -> None:
+    """Raises `SharedLayerError` for a call no rule can clip: a non-Linear layer called
+    twice, or a layer whose input does not lead with the batch axis."""
+    rec = repeated.repeated_unmergeable(records)
+    if rec is not None:
+        check_no_shared_layers(records)  # raises, naming the layer
+    rec = repeated.without_batch_axis(records, batch)
+    if rec is not None:
+        raise SharedLayerError(
+            f"layer {rec.prefix or type(rec.module).__name__!r} is applied to a tensor "
+            "without the batch axis first (shared by all samples), so its per-sample "
+            "gradients cannot be split from its output gradient"
+        )
 
 
 # ---- layer rules --------------------------------------------------------------------
@@ -376,6 +435,9 @@ def _norm_sq(rec: _Record) -> torch.Tensor:
     """Σ over the layer's parameters of ‖∇θ ℓ_i‖², per sample."""
     m, g = rec.module, rec.grad
     assert g is not None
+    rule = per_sample.rule_for(m)
+    if rule is not None:
+        return rule.norm_sq(rec)
     if isinstance(m, nn.GroupNorm):
         gamma, beta = _groupnorm_per_sample(rec)
         return gamma.pow(2).sum(1) + beta.pow(2).sum(1)
@@ -433,7 +495,10 @@ def _add_weighted_grads(
     prefix = f"{rec.prefix}." if rec.prefix else ""
     w = weights.to(g.dtype)
     out: Params = {}
-    if rec.per_sample is not None:  # Σ_i a_i ∇W_i from the kept per-sample gradients
+    rule = per_sample.rule_for(m)
+    if rule is not None:
+        out = rule.weighted(rec, w)
+    elif rec.per_sample is not None:  # Σ_i a_i ∇W_i from the kept per-sample gradients
         out["weight"] = _as_weight(rec, torch.mv(rec.per_sample.flatten(1).t(), w))
         if m.bias is not None:
             assert rec.per_sample_bias is not None

@@ -121,13 +121,14 @@ def test_a_scaled_sum_is_added_into_given_tensors_on_both_paths():
     −(lr/B)·s into the parameters), on the book-keeping rules and on the vmap fallback
     a shared layer hands the model to; without `into` it is refused."""
 
-    class Twice(nn.Module):  # one layer called twice: the fallback
+    class Twice(nn.Module):  # a non-Linear layer called twice: the fallback
         def __init__(self) -> None:
             super().__init__()
             self.inner = nn.Linear(4, 4)
+            self.norm = nn.LayerNorm(4)
 
         def forward(self, x):
-            return self.inner(torch.relu(self.inner(x)))
+            return self.inner(self.norm(torch.relu(self.norm(x))))
 
     torch.manual_seed(0)
     for model, x in ((_Mixed(), torch.randn(5, 1, 14, 14)), (Twice(), torch.randn(5, 4))):
@@ -248,12 +249,13 @@ def test_auto_engine_falls_back_to_torch_func_for_unsupported_layers():
 
 
 class _Twice(nn.Module):
-    """One Linear applied twice in a forward pass: its per-sample gradient is the sum of
-    both calls' gradients, whose norm book-keeping's per-call rule cannot give."""
+    """One LayerNorm applied twice in a forward pass: its per-sample gradient is the sum
+    of both calls' gradients, whose norm book-keeping's per-call rule cannot give (a
+    Linear's calls are merged instead: tests/privacy/test_per_sample_repeated.py)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.body = nn.Linear(4, 4)
+        self.body = nn.LayerNorm(4)
         self.head = nn.Linear(4, 3)
 
     def forward(self, x):

@@ -1,0 +1,69 @@
+"""Layers called more than once in one forward pass, and inputs without a batch axis.
+
+A layer called K times contributes the *sum* of its calls' gradients to a sample's
+gradient, so its per-sample norm is not the root of the calls' summed squared norms. For
+a Linear layer the sum is still one Linear gradient: calls k with inputs A_k (B, T_k, p)
+and output gradients G_k (B, T_k, q) give ∇W_i = Σ_k G_k,iᵀ A_k,i = Gᵢᵀ Aᵢ with the
+calls' positions stacked, A = [A_1 … A_K] (B, ΣT_k, p). `merge_repeated` therefore
+merges a Linear layer's records into one of stacked positions, and the engine's Linear
+rule (ghost norm or materialised, by cost) clips it exactly. That is what makes a
+recurrent cell built from Linear layers (`raydpfl.models.recurrent.DPLSTM`: the
+hidden-to-hidden Linear runs once per time step) cheap to clip: one record of T
+positions instead of T per-sample gradients. Any other layer called twice still has no
+rule (`SharedLayerError`, and the engine falls back to vmap for that model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from raydpfl.privacy.per_sample.base import as_positions
+
+
+def repeated_unmergeable(records: list[Any]) -> Any | None:
+    """The first record of a non-Linear layer that appears twice (None: none)."""
+    seen: set[int] = set()
+    for rec in records:
+        if id(rec.module) in seen and not _mergeable(rec.module):
+            return rec
+        seen.add(id(rec.module))
+    return None
+
+
+def without_batch_axis(records: list[Any], batch: int) -> Any | None:
+    """The first record whose input does not lead with the batch axis (a layer applied
+    to a tensor shared by all samples, e.g. a position embedding called on
+    ``arange(T)``: its output gradient is summed over samples, so no rule can split it)."""
+    for rec in records:
+        x = rec.inputs
+        if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[0] != batch):
+            return rec
+    return None
+
+
+def _mergeable(module: nn.Module) -> bool:
+    return type(module) is nn.Linear or isinstance(module, nn.Linear)
+
+
+def merge_repeated(records: list[Any]) -> list[Any]:
+    """`records` (with ``grad`` filled in) with each Linear layer's calls merged into
+    one record of stacked positions (B, ΣT, ·), at its first call's place."""
+    groups: dict[int, list[Any]] = {}
+    for rec in records:
+        groups.setdefault(id(rec.module), []).append(rec)
+    if all(len(g) == 1 for g in groups.values()):
+        return records
+    merged: list[Any] = []
+    for rec in records:
+        group = groups[id(rec.module)]
+        if len(group) == 1:
+            merged.append(rec)
+        elif group[0] is rec:
+            inputs = torch.cat([as_positions(r.inputs) for r in group], 1)
+            grad = torch.cat([as_positions(r.grad) for r in group], 1)
+            merged.append(dataclasses.replace(rec, inputs=inputs, grad=grad, output=None))
+    return merged
