@@ -93,7 +93,9 @@ class CharTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = tokens.long()
-        positions = torch.arange(tokens.shape[-1], device=tokens.device).expand_as(tokens)
+        positions = (
+            torch.arange(tokens.shape[-1], device=tokens.device).expand_as(tokens).contiguous()
+        )
         x = self.embed(tokens) + self.position(positions)
         for block in self.blocks:
             x = block(x)
