@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"data: {source}; expected batch {args.batch} (Poisson, q = {args.batch / len(y):.4f}), "
         f"{args.steps} steps ({args.vmap_steps} for vmap, {args.nn_lstm_steps} for nn.LSTM "
-        "on vmap), 1 thread, σ = {SIGMA}, C = {CLIP}; "
+        f"on vmap), 1 thread, σ = {SIGMA}, C = {CLIP}; "
         f"allocator tuned: {tuned}; 1-min load {load[0]:.2f} -> {load[1]:.2f}"
     )
     write_result(

@@ -73,11 +73,12 @@ from raydpfl.privacy.dpsgd import (
 )
 from raydpfl.privacy.param_binding import ParameterBinding
 from raydpfl.privacy.per_sample import repeated
+from raydpfl.privacy.per_sample.base import CallNotClippable
 
 _SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
 
 
-class SharedLayerError(ValueError):
+class SharedLayerError(CallNotClippable):
     """A layer ran more than once in one forward pass: book-keeping cannot clip it."""
 
 
@@ -183,10 +184,12 @@ class BookkeepingClipping:
         self._binding = ParameterBinding(model)  # cheaper than functional_call per step
         covered = {id(c) for m in model.modules() for c in per_sample.owned_children(m)}
         for module in model.modules():
-            if (
-                isinstance(module, _SUPPORTED + per_sample.RULE_TYPES)
-                and id(module) not in covered
-            ):
+            if id(module) in covered:
+                continue
+            rule = per_sample.rule_for(module)
+            if rule is not None and hasattr(rule, "record_call"):  # needs the whole call
+                module.register_forward_hook(self._call_recorder(rule), with_kwargs=True)
+            elif isinstance(module, _SUPPORTED + per_sample.RULE_TYPES):
                 module.register_forward_hook(self._record)
 
     def _record(
@@ -196,6 +199,16 @@ class BookkeepingClipping:
         # clipped sum is being computed (evaluation shares the model).
         if self._records is not None:
             self._records.append(_Record(module, self._prefix[module], inputs[0].detach(), output))
+
+    def _call_recorder(self, rule):  # type: ignore[no-untyped-def]
+        """A forward hook (with kwargs) that records what `rule.record_call` keeps."""
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+            if self._records is not None:
+                inputs, out = rule.record_call(module, args, kwargs, output)
+                self._records.append(_Record(module, self._prefix[module], inputs, out))
+
+        return hook
 
     def clipped_sum(
         self,
@@ -231,7 +244,7 @@ class BookkeepingClipping:
         if self._fallback is None:
             try:
                 return self._clipped_sum(params, x, y, weight_rule, into, scale, low_rank)
-            except SharedLayerError as e:  # raised before anything was added to `into`
+            except CallNotClippable as e:  # raised before anything was added to `into`
                 self._use_fallback(e)
         assert self._fallback is not None
         if scale == 1.0:
@@ -248,7 +261,7 @@ class BookkeepingClipping:
         the fallback, and one chunk, so no forward pass runs after the sum is added."""
         return self._fallback is None and batch_size <= self.max_chunk
 
-    def _use_fallback(self, error: SharedLayerError) -> None:
+    def _use_fallback(self, error: CallNotClippable) -> None:
         warnings.warn(
             f"{type(self.model).__name__}: {error}; using torch.func per-sample gradients "
             "(runtime.engine: vmap) for this model",
@@ -290,7 +303,7 @@ class BookkeepingClipping:
         if self._fallback is None:
             try:
                 return self._norms_and_losses(params, x, y)[0]
-            except SharedLayerError as e:
+            except CallNotClippable as e:
                 self._use_fallback(e)
         assert self._fallback is not None
         return per_sample_norms(self._fallback.grads(params, x, y))

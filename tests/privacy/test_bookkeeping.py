@@ -249,9 +249,23 @@ def test_auto_engine_falls_back_to_torch_func_for_unsupported_layers():
 
 
 class _Twice(nn.Module):
-    """One LayerNorm applied twice in a forward pass: its per-sample gradient is the sum
-    of both calls' gradients, whose norm book-keeping's per-call rule cannot give (a
-    Linear's calls are merged instead: tests/privacy/test_per_sample_repeated.py)."""
+    """One Linear applied twice in a forward pass: its per-sample gradient is the sum of
+    both calls' gradients, whose norm a per-call rule cannot give. The grouped
+    multi-client engine hands it to vmap (tests/privacy/test_multi_client.py); the
+    single-client engine merges a Linear's calls (tests/privacy/test_per_sample_rules.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.body(torch.relu(self.body(x))))
+
+
+class _NormTwice(nn.Module):
+    """One LayerNorm applied twice: no rule merges its calls, so the single-client
+    engine hands the model to vmap."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -264,7 +278,7 @@ class _Twice(nn.Module):
 
 def test_a_layer_called_twice_hands_the_model_to_the_vmap_engine():
     torch.manual_seed(0)
-    model = _Twice()
+    model = _NormTwice()
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x, y = torch.randn(6, 4) * 3, torch.randint(0, 3, (6,))
     rule = lambda n: clip_weights(n, 0.1)  # noqa: E731

@@ -87,10 +87,39 @@ def test_a_lookup_shared_by_the_batch_falls_back_with_the_same_sum():
         torch.testing.assert_close(total[k], expected[k], rtol=1e-5, atol=1e-6)
 
 
-def test_multihead_attention_falls_back_by_name_and_its_children_are_not_double_counted():
-    """nn.MultiheadAttention reads out_proj's weight without calling it: without a rule
-    for the whole module it must fall back, never clip out_proj as an idle Linear."""
+def test_multihead_attention_configurations_without_a_rule_are_named():
+    """nn.MultiheadAttention reads out_proj's weight without calling it: its rule covers
+    out_proj (never clipped as an idle Linear); dropout and add_bias_kv have no rule."""
     model = nn.Sequential()
     model.add_module("attn", nn.MultiheadAttention(4, 2, batch_first=True))
-    reason = first_unsupported(model)
-    assert reason is not None and "'attn'" in reason
+    assert first_unsupported(model) is None
+    model.attn = nn.MultiheadAttention(4, 2, dropout=0.1)
+    assert "layer 'attn' (MultiheadAttention)" in first_unsupported(model)
+    assert "dropout" in first_unsupported(model)
+    model.attn = nn.MultiheadAttention(4, 2, add_bias_kv=True)
+    assert "add_bias_kv" in first_unsupported(model)
+
+
+class _Unbatched(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(4, 2)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):  # one sample as an unbatched (L, E) sequence per row
+        rows = [self.attn(r, r, r)[0].mean(0) for r in x]
+        return self.head(torch.stack(rows))
+
+
+def test_unbatched_attention_calls_fall_back_at_run_time_with_the_same_sum():
+    torch.manual_seed(0)
+    model = _Unbatched()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x, y = torch.randn(3, 5, 4), torch.randint(0, 3, (3,))
+    rule = lambda n: clip_weights(n, 0.05)  # noqa: E731
+    engine = make_engine(model, "auto")
+    with pytest.warns(UserWarning, match="unbatched"):
+        total, _ = engine.clipped_sum(params, x, y, rule)
+    expected, _ = PerSampleGradients(model).clipped_sum(params, x, y, rule)
+    for k in expected:
+        torch.testing.assert_close(total[k], expected[k], rtol=1e-5, atol=1e-6)

@@ -91,6 +91,44 @@ class _Recurrent(nn.Module):
         return self.head(self.lstm(torch.stack(steps, 1))[:, -1])
 
 
+class _Attention(nn.Module):
+    """nn.MultiheadAttention in four configurations: self-attention with a causal bool
+    mask (batch first), the same sequence-first, cross-attention with kdim/vdim and a
+    key padding mask, and no bias with a float mask (attention weights returned)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.embed = nn.Embedding(11, 8)
+        if kind == "cross":
+            self.keys, self.values = nn.Linear(8, 5), nn.Linear(8, 3)
+            self.attn = nn.MultiheadAttention(8, 2, kdim=5, vdim=3, batch_first=True)
+        else:
+            self.attn = nn.MultiheadAttention(
+                8, 4 if kind == "nobias" else 2, bias=kind != "nobias", batch_first=kind != "seq"
+            )
+        self.register_buffer(
+            "float_mask", torch.randn(6, 6, generator=torch.Generator().manual_seed(5))
+        )
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, ids):
+        x, t = self.embed(ids), ids.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+        if self.kind == "self":
+            out, _ = self.attn(x, x, x, attn_mask=causal, need_weights=False)
+        elif self.kind == "seq":
+            xs = x.transpose(0, 1)
+            out = self.attn(xs, xs, xs, attn_mask=causal)[0].transpose(0, 1)
+        elif self.kind == "cross":
+            padding = ids == 0
+            padding[:, 0] = False  # no fully masked row
+            out, _ = self.attn(x, self.keys(x), self.values(x), key_padding_mask=padding)
+        else:
+            out, _ = self.attn(x, x, x, attn_mask=self.float_mask[:t, :t])
+        return self.head(torch.relu(out).mean(1))
+
+
 def _cases():
     g = torch.Generator().manual_seed(0)
     ids = lambda vocab, b, t: torch.randint(0, vocab, (b, t), generator=g)  # noqa: E731
@@ -113,6 +151,10 @@ def _cases():
             lambda: _Recurrent(),
             lambda b: torch.randn(b, 6, 3, generator=g),
         ),
+        "mha_self_causal": (lambda: _Attention("self"), lambda b: ids(11, b, 5)),
+        "mha_sequence_first": (lambda: _Attention("seq"), lambda b: ids(11, b, 4)),
+        "mha_cross_kdim_padding": (lambda: _Attention("cross"), lambda b: ids(11, b, 6)),
+        "mha_no_bias_float_mask": (lambda: _Attention("nobias"), lambda b: ids(11, b, 6)),
         "char_transformer": (
             lambda: build_model("char_transformer", (7,), 80, width=8, heads=2, layers=1),
             lambda b: ids(80, b, 7),

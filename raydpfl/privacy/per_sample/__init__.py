@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from raydpfl.privacy.per_sample.base import LayerRule
+from raydpfl.privacy.per_sample.attention import MultiheadAttentionRule
+from raydpfl.privacy.per_sample.base import CallNotClippable, LayerRule
 from raydpfl.privacy.per_sample.embedding import EmbeddingRule
 from raydpfl.privacy.per_sample.norms import LayerNormRule, RMSNormRule
 
@@ -31,6 +32,7 @@ RULES: dict[type[nn.Module], LayerRule] = {
     nn.Embedding: EmbeddingRule(),
     nn.LayerNorm: LayerNormRule(),
     nn.RMSNorm: RMSNormRule(),
+    nn.MultiheadAttention: MultiheadAttentionRule(),
 }
 #: The layer types with a rule here.
 RULE_TYPES: tuple[type[nn.Module], ...] = tuple(RULES)
@@ -51,4 +53,11 @@ def owned_children(module: nn.Module) -> list[nn.Module]:
     return rule.owned_children(module) if rule is not None else []
 
 
-__all__ = ["RULES", "RULE_TYPES", "LayerRule", "owned_children", "rule_for"]
+__all__ = [
+    "RULES",
+    "RULE_TYPES",
+    "CallNotClippable",
+    "LayerRule",
+    "owned_children",
+    "rule_for",
+]

@@ -49,3 +49,8 @@ def as_positions(t: torch.Tensor) -> torch.Tensor:
     """(B, T, last): every axis between the batch axis and the last one flattened into
     positions (T = 1 for a (B, last) tensor)."""
     return t.unsqueeze(1) if t.dim() == 2 else t.flatten(1, -2)
+
+
+class CallNotClippable(ValueError):
+    """One call of a layer that no rule can clip (seen only in the forward pass: a layer
+    called twice, an input without the batch axis); the engine falls back to vmap."""
