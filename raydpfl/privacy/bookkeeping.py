@@ -184,8 +184,8 @@ class BookkeepingClipping:
         self._binding = ParameterBinding(model)  # cheaper than functional_call per step
         covered = {id(c) for m in model.modules() for c in per_sample.owned_children(m)}
         for module in model.modules():
-            if id(module) in covered:
-                continue
+            if id(module) in covered or not _owns_parameters(module):
+                continue  # a frozen layer (its weights buffers: LoRA's base) is not clipped
             rule = per_sample.rule_for(module)
             if rule is not None and hasattr(rule, "record_call"):  # needs the whole call
                 module.register_forward_hook(self._call_recorder(rule), with_kwargs=True)
@@ -339,6 +339,12 @@ class BookkeepingClipping:
         for rec in records:
             norms_sq += _norm_sq(rec)
         return norms_sq.sqrt(), records, losses.detach()
+
+
+def _owns_parameters(module: nn.Module) -> bool:
+    """Whether `module`, or a child its rule covers, has parameters of its own."""
+    children = per_sample.owned_children(module)
+    return any(True for m in (module, *children) for _ in m.parameters(recurse=False))
 
 
 def _check_calls(records: list[_Record], batch: int) -> None:
