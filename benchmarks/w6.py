@@ -30,8 +30,11 @@ in one process, one torch thread, taking turns step by step in a shuffled order 
   than once, so not the LSTM), ``poisson_sampling=False`` so it steps through the same
   batches; the faster of the two is "Opacus' best".
 
-σ = 1, C = 1, lr 0.05. Models: ``char_transformer`` (width 64, 4 heads, 2 blocks) and
-``char_lstm`` (LEAF's: embedding 8, 2 LSTM layers of 256), 80-token windows. Prints the
+σ = 1, C = 1, lr 0.05. Models: ``char_transformer`` (width 64, 4 heads, 2 blocks),
+``char_lstm`` (LEAF's: embedding 8, 2 LSTM layers of 256) and ``char_transformer_lora``
+(configs/shakespeare_lora.yaml's: the transformer frozen, r = 8 adapters), 80-token
+windows; for LoRA the table also gives its DP step and upload (the trained values)
+against full fine-tuning's. Prints the
 median ms per step of each path and the targets, each met or missed: the DP step
 ≤ 1.5× the non-private step; ≥ 2× faster than Opacus' best; the LSTM ≥ 20× faster than
 the vmap path it had (``vmap_nn_lstm``); with the 1-minute load average before and after. Writes
@@ -76,6 +79,9 @@ CLIP, SIGMA, LR = 1.0, 1.0, 0.05
 MODELS = {
     "char_transformer": {"width": 64, "heads": 4, "layers": 2},
     "char_lstm": {"embed": 8, "hidden": 256, "layers": 2},
+    # the LoRA preset's model: the transformer above frozen, r = 8 adapters on its
+    # attention and MLP layers (the base from a seed: step times do not depend on it)
+    "char_transformer_lora": {"width": 64, "heads": 4, "layers": 2, "rank": 8},
 }
 #: Targets (issue 51): DP step / non-private step; Opacus' best / DP step; vmap / DP (LSTM).
 DP_OVER_SGD_MAX, OPACUS_OVER_DP_MIN, LSTM_VMAP_OVER_DP_MIN = 1.5, 2.0, 20.0
@@ -392,7 +398,8 @@ def _ms(med: dict[str, float], path: str) -> str:
 def table(figures: dict[str, Any]) -> str:
     """The README table (markdown) of `main`'s figures."""
     lines = [
-        "| model | params | non-private | raydpfl DP | vmap DP | Opacus hooks | Opacus ghost "
+        "| model | trained (uploaded) values | non-private | raydpfl DP | vmap DP "
+        "| Opacus hooks | Opacus ghost "
         "| DP / non-private (≤ 1.5) | Opacus best / DP (≥ 2) "
         "| nn.LSTM on vmap / DP (≥ 20) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
@@ -407,6 +414,16 @@ def table(figures: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {f['parameters']:,} | {' | '.join(row)} | {_cell(tg, 'dp_over_sgd')} "
             f"| {_cell(tg, 'opacus_best_over_dp')} | {lstm} |"
+        )
+    lora, full = figures.get("char_transformer_lora"), figures.get("char_transformer")
+    if lora and full:
+        step = lora["median_ms"]["raydpfl"] / full["median_ms"]["raydpfl"]
+        upload = lora["parameters"] / full["parameters"]
+        lines.append("")
+        lines.append(
+            f"LoRA (r = 8) against full fine-tuning, both DP on raydpfl's engine: step "
+            f"{step:.2f}×, upload {lora['parameters']:,} values against "
+            f"{full['parameters']:,} ({upload:.3f}×)."
         )
     return "\n".join(lines)
 
