@@ -345,7 +345,7 @@ def _time_model(
             fn(x[rows], y[rows])
     times: dict[str, list[float]] = {path: [] for path in steps}
     shuffle = random.Random(0)
-    for i, rows in enumerate(batches):
+    for i, rows in enumerate(batches[2:]):  # after the 2 warm-up batches
         xb, yb = x[rows], y[rows]
         order = [p for p in steps if i < limit.get(p, len(batches))]
         shuffle.shuffle(order)

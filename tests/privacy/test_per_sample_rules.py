@@ -12,7 +12,7 @@ from torch import nn
 
 import raydpfl.config.schema  # noqa: F401  (registers the text models)
 from raydpfl.models import build_model
-from raydpfl.models.recurrent import DPLSTM
+from raydpfl.models.recurrent import DPGRU, DPLSTM
 from raydpfl.privacy.bookkeeping import BookkeepingClipping, first_unsupported
 from raydpfl.privacy.dpsgd import clip_weights
 from raydpfl.privacy.per_sample.embedding import EmbeddingRule
@@ -73,14 +73,15 @@ class _Normed2d(nn.Module):
 
 
 class _Recurrent(nn.Module):
-    """A Linear called once per step (an Elman cell) and a DPLSTM."""
+    """A Linear called once per step (an Elman cell), a DPLSTM and a DPGRU."""
 
     def __init__(self):
         super().__init__()
         self.inp = nn.Linear(3, 4)
         self.cell = nn.Linear(4, 4)
         self.lstm = DPLSTM(4, 5, num_layers=2)
-        self.head = nn.Linear(5, 5)
+        self.gru = DPGRU(5, 6)
+        self.head = nn.Linear(6, 5)
 
     def forward(self, x):
         h = torch.zeros(x.shape[0], 4)
@@ -88,7 +89,7 @@ class _Recurrent(nn.Module):
         for t in range(x.shape[1]):
             h = torch.tanh(self.inp(x[:, t]) + self.cell(h))
             steps.append(h)
-        return self.head(self.lstm(torch.stack(steps, 1))[:, -1])
+        return self.head(self.gru(self.lstm(torch.stack(steps, 1)))[:, -1])
 
 
 class _Attention(nn.Module):
@@ -218,3 +219,14 @@ def test_dplstm_computes_what_nn_lstm_computes():
     x = torch.randn(4, 7, 3)
     torch.testing.assert_close(ours(x), reference(x)[0], rtol=1e-5, atol=1e-6)
     assert ours(torch.randn(2, 0, 3)).shape == (2, 0, 5)
+
+
+def test_dpgru_computes_what_nn_gru_computes():
+    torch.manual_seed(0)
+    reference = nn.GRU(3, 5, num_layers=2, batch_first=True)
+    ours = DPGRU(3, 5, num_layers=2).load_gru_(reference)
+    x = torch.randn(4, 7, 3)
+    torch.testing.assert_close(ours(x), reference(x)[0], rtol=1e-5, atol=1e-6)
+    assert sum(p.numel() for p in ours.parameters()) == sum(
+        p.numel() for p in reference.parameters()
+    )
