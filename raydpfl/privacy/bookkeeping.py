@@ -180,6 +180,9 @@ class BookkeepingClipping:
         self._records: list[_Record] | None = None
         # set once a forward pass shows a layer called twice (`SharedLayerError`)
         self._fallback: PerSampleGradients | None = None
+        # set once a forward pass at a second batch size showed every recorded input
+        # following the batch (`_probe_batch_axis`)
+        self._batch_axis_probed = False
         self._prefix = {m: name for name, m in model.named_modules()}
         self._binding = ParameterBinding(model)  # cheaper than functional_call per step
         covered = {id(c) for m in model.modules() for c in per_sample.owned_children(m)}
@@ -308,6 +311,26 @@ class BookkeepingClipping:
         assert self._fallback is not None
         return per_sample_norms(self._fallback.grads(params, x, y))
 
+    def _probe_batch_axis(self, leaves: Params, x: torch.Tensor, records: list[_Record]) -> None:
+        """Once per engine: a forward pass (no gradients) on a batch of p copies of the
+        first sample, p larger than every leading size the real pass showed, to find a
+        layer whose input only looked batched (a lookup on ``arange(T)`` when T happened
+        to equal the batch size): its leading size does not follow the batch, and it
+        raises `SharedLayerError` (the model goes to vmap) before anything is summed."""
+        sizes = [repeated.leading_size(rec) for rec in records]
+        probe = max([x.shape[0], *(n for n in sizes if n is not None)]) + 1
+        self._records = []
+        # the RNG streams are left as they were (a model with dropout draws in forward)
+        cuda = [x.device.index or 0] if x.device.type == "cuda" else []
+        try:
+            with torch.no_grad(), self._binding.bound(leaves), torch.random.fork_rng(cuda):
+                self.model(x[:1].expand(probe, *x.shape[1:]).contiguous())
+            seen = self._records
+        finally:
+            self._records = None
+        _check_calls(seen, probe)
+        self._batch_axis_probed = True
+
     def _norms(
         self, params: Params, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, list[_Record]]:
@@ -331,6 +354,8 @@ class BookkeepingClipping:
                 grads = torch.autograd.grad(losses.sum(), [r.output for r in records])
         finally:
             self._records = None
+        if not self._batch_axis_probed:
+            self._probe_batch_axis(leaves, x, records)
         for rec, g in zip(records, grads, strict=True):
             rec.grad = g.detach()
             rec.output = rec.output.detach()

@@ -72,11 +72,12 @@ class _SharedLookup(nn.Module):
         return self.head(x.mean(1))
 
 
-def test_a_lookup_shared_by_the_batch_falls_back_with_the_same_sum():
+@pytest.mark.parametrize("batch", [6, 5])  # 5: the batch as long as the shared lookup
+def test_a_lookup_shared_by_the_batch_falls_back_with_the_same_sum(batch):
     torch.manual_seed(0)
     model = _SharedLookup()
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    x, y = torch.randint(0, 7, (6, 5)), torch.randint(0, 3, (6,))
+    x, y = torch.randint(0, 7, (batch, 5)), torch.randint(0, 3, (batch,))
     rule = lambda n: clip_weights(n, 0.05)  # noqa: E731
     engine = make_engine(model, "auto")
     assert isinstance(engine, BookkeepingClipping)  # the missing batch axis shows at run time

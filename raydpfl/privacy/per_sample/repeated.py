@@ -34,13 +34,25 @@ def repeated_unmergeable(records: list[Any]) -> Any | None:
     return None
 
 
+def leading_size(rec: Any) -> int | None:
+    """The size of a record's leading (batch) axis: its input's first dimension, or a
+    rule's recorded batch-first query (nn.MultiheadAttention); None for a 0-d input."""
+    x = rec.inputs
+    if isinstance(x, dict):
+        x = x.get("q")
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return None
+    return int(x.shape[0])
+
+
 def without_batch_axis(records: list[Any], batch: int) -> Any | None:
     """The first record whose input does not lead with the batch axis (a layer applied
     to a tensor shared by all samples, e.g. a position embedding called on
-    ``arange(T)``: its output gradient is summed over samples, so no rule can split it)."""
+    ``arange(T)``: its output gradient is summed over samples, so no rule can split it).
+    A shared input whose length equals the batch size passes here; the engine's probe at
+    a second batch size catches it (`BookkeepingClipping._probe_batch_axis`)."""
     for rec in records:
-        x = rec.inputs
-        if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[0] != batch):
+        if leading_size(rec) != batch:
             return rec
     return None
 
