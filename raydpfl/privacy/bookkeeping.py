@@ -375,16 +375,20 @@ def _owns_parameters(module: nn.Module) -> bool:
 def _check_calls(records: list[_Record], batch: int) -> None:
     """Raises `SharedLayerError` for a call no rule can clip: a non-Linear layer called
     twice, or a layer whose input does not lead with the batch axis."""
-    rec = repeated.repeated_unmergeable(records)
-    if rec is not None:
-        check_no_shared_layers(records)  # raises, naming the layer
-    rec = repeated.without_batch_axis(records, batch)
-    if rec is not None:
+    found = repeated.first_unclippable(records, batch)
+    if found is None:
+        return
+    kind, rec = found
+    name = rec.prefix or type(rec.module).__name__
+    if kind == "repeat":
         raise SharedLayerError(
-            f"layer {rec.prefix or type(rec.module).__name__!r} is applied to a tensor "
-            "without the batch axis first (shared by all samples), so its per-sample "
-            "gradients cannot be split from its output gradient"
+            f"layer {name!r} runs more than once per forward pass; its per-sample norm "
+            "needs materialised per-sample gradients"
         )
+    raise SharedLayerError(
+        f"layer {name!r} is applied to a tensor without the batch axis first (shared by "
+        "all samples), so its per-sample gradients cannot be split from its output gradient"
+    )
 
 
 # ---- layer rules --------------------------------------------------------------------

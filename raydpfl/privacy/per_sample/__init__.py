@@ -13,9 +13,17 @@ Linear). `raydpfl.privacy.bookkeeping` dispatches to `rule_for(module)` and keep
 Linear/Conv2d/GroupNorm rules; `repeated` merges the records of a Linear layer called
 several times in one pass (a recurrent cell) into one record of stacked positions.
 
-Rules: `embedding.EmbeddingRule` (nn.Embedding), `norms.LayerNormRule` (nn.LayerNorm),
-`norms.RMSNormRule` (nn.RMSNorm), `attention.MultiheadAttentionRule`
-(nn.MultiheadAttention).
+Rules: `embedding.EmbeddingRule` (nn.Embedding: ghost norm or materialised, by cost),
+`norms.LayerNormRule` (nn.LayerNorm), `norms.RMSNormRule` (nn.RMSNorm),
+`attention.MultiheadAttentionRule` (nn.MultiheadAttention: its projections' output
+gradients by a local recomputation, then `linear`'s ghost-or-materialised Linear rule).
+
+Ghost clipping (Li et al. 2022) takes the norms from activations and output gradients,
+then runs a second, weighted backward pass. Here the norms are taken the same way,
+layer by layer with whichever of the ghost norm and the materialised product is
+cheaper, but the weighted sum is formed from the same records (one weight-gradient
+product per layer, the book-keeping of Bu et al. 2023): the weight-gradient half of the
+second backward without its input-gradient half, so it is never dearer.
 """
 
 from __future__ import annotations
@@ -38,12 +46,19 @@ RULES: dict[type[nn.Module], LayerRule] = {
 RULE_TYPES: tuple[type[nn.Module], ...] = tuple(RULES)
 
 
+_BY_TYPE: dict[type, LayerRule | None] = {}
+
+
 def rule_for(module: nn.Module) -> LayerRule | None:
-    """The rule for `module`'s exact type or a subclass's parent (None: no rule here)."""
-    for kind, rule in RULES.items():
-        if isinstance(module, kind):
-            return rule
-    return None
+    """The rule for `module`'s type or the first of its bases with one (None: no rule
+    here). Looked up once per type (it runs for every record of every step)."""
+    kind = type(module)
+    try:
+        return _BY_TYPE[kind]
+    except KeyError:
+        rule = next((r for k, r in RULES.items() if issubclass(kind, k)), None)
+        _BY_TYPE[kind] = rule
+        return rule
 
 
 def owned_children(module: nn.Module) -> list[nn.Module]:

@@ -24,6 +24,24 @@ from torch import nn
 from raydpfl.privacy.per_sample.base import as_positions
 
 
+def first_unclippable(records: list[Any], batch: int) -> tuple[str, Any] | None:
+    """("repeat", record) for the first non-Linear layer called a second time,
+    ("batch", record) for the first input whose leading size is not `batch`
+    (`without_batch_axis`), whichever comes first; None when every call can be
+    clipped. One pass (it runs every step)."""
+    seen: set[int] = set()
+    for rec in records:
+        key = id(rec.module)
+        if key in seen and not isinstance(rec.module, nn.Linear):
+            return "repeat", rec
+        seen.add(key)
+        x = rec.inputs
+        size = (x.shape[0] if x.dim() else None) if type(x) is torch.Tensor else leading_size(rec)
+        if size != batch:
+            return "batch", rec
+    return None
+
+
 def repeated_unmergeable(records: list[Any]) -> Any | None:
     """The first record of a non-Linear layer that appears twice (None: none)."""
     seen: set[int] = set()
@@ -64,11 +82,11 @@ def _mergeable(module: nn.Module) -> bool:
 def merge_repeated(records: list[Any]) -> list[Any]:
     """`records` (with ``grad`` filled in) with each Linear layer's calls merged into
     one record of stacked positions (B, ΣT, ·), at its first call's place."""
+    if len({id(rec.module) for rec in records}) == len(records):
+        return records  # the common case: every layer called once
     groups: dict[int, list[Any]] = {}
     for rec in records:
         groups.setdefault(id(rec.module), []).append(rec)
-    if all(len(g) == 1 for g in groups.values()):
-        return records
     merged: list[Any] = []
     for rec in records:
         group = groups[id(rec.module)]
