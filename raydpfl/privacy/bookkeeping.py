@@ -115,9 +115,13 @@ def first_unsupported(model: nn.Module, *, core_only: bool = False) -> str | Non
     }
     for name, module in model.named_modules():
         own = [id(p) for p in module.parameters(recurse=False)]
+        label = f"layer {name or '<root>'!r} ({type(module).__name__})"
+        if core_only and not own and isinstance(module, _SUPPORTED):
+            # frozen (its weights buffers, e.g. LoRA's base): the grouped multi-client
+            # engine replaces every such layer's forward and reads its parameters
+            return f"{label} is frozen (no parameters), which the grouped engine cannot run"
         if not own or id(module) in covered:
             continue
-        label = f"layer {name or '<root>'!r} ({type(module).__name__})"
         if owners.intersection(own):  # tied weights
             return f"{label} shares a parameter with another layer (tied weights)"
         owners.update(own)
