@@ -23,9 +23,10 @@ from raydpfl.models.lora import (
     file_sha256,
 )
 from raydpfl.models.text import CharTransformer
-from raydpfl.privacy.bookkeeping import BookkeepingClipping
+from raydpfl.privacy.bookkeeping import BookkeepingClipping, supports
 from raydpfl.privacy.dpsgd import clip_weights
 from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.multi_client import MultiClientDPSGD
 from tests.models.test_char_transformer import _write_shakespeare
 
 OPTIONS = {"width": 16, "heads": 2, "layers": 1}
@@ -53,6 +54,9 @@ def test_only_adapters_are_parameters_and_the_model_starts_as_its_base(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(model(x), base(x))  # lora_b = 0: the base itself
     assert isinstance(make_engine(model, "auto"), BookkeepingClipping)
+    # the grouped multi-client engine replaces every Linear's forward with one reading
+    # its parameters: a frozen Linear (the head here) sends the model to vmap there
+    assert not supports(model) and MultiClientDPSGD(model, engine="auto").engine == "vmap"
 
 
 def test_the_clipped_sum_over_the_adapters_equals_one_backward_pass_per_record():
