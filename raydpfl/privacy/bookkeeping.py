@@ -38,8 +38,9 @@ channels-first input (runs of an output row; the per-sample gradient is then for
 backends keep freed blocks in the heap (`raydpfl.backends.allocator`) so that they are
 reused instead of being faulted in again.
 
-More layers have rules in `raydpfl.privacy.per_sample` (Embedding, LayerNorm, RMSNorm),
-which this engine dispatches to. A model with any other parameterised layer is not
+More layers have rules in `raydpfl.privacy.per_sample` (Embedding, LayerNorm, RMSNorm,
+nn.MultiheadAttention), which this engine dispatches to; a layer without parameters of
+its own (frozen: LoRA's base) is not recorded. A model with any other parameterised layer is not
 supported; `first_unsupported(model)` names the layer and the caller falls back to
 `PerSampleGradients` (torch.func). (`supports(model)` asks about the three rules of this
 module alone: the grouped multi-client engine, `raydpfl.privacy.multi_client`, has no
@@ -49,8 +50,9 @@ calls' gradients, whose norm is not the root of the calls' summed squared norms,
 clipping bound would not hold. A Linear layer's calls are merged into one record of
 stacked positions, which is exact (`per_sample.repeated`: recurrent cells). Only the
 forward pass shows a repeated call, or a layer applied to a tensor without the batch
-axis; the engine then raises `SharedLayerError` internally and hands that model to
-`PerSampleGradients` for good.
+axis (checked every step, and once by a forward pass at a second batch size, which
+finds a shared input as long as the batch); the engine then raises `SharedLayerError`
+internally and hands that model to `PerSampleGradients` for good.
 """
 
 from __future__ import annotations
