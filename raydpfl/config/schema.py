@@ -332,13 +332,65 @@ class CharTransformerOptions:
         _check(self.layers >= 1, "layers", f"must be >= 1, got {self.layers}")
 
 
-with contextlib.suppress(registry.RegistryError):  # a user's registration stands
-    registry.register(
-        "model",
-        "char_transformer",
-        "raydpfl.models.text:CharTransformer",
-        options=CharTransformerOptions,
-    )
+@dataclass(frozen=True, kw_only=True)
+class CharLSTMOptions:
+    """``experiment.model.options`` of ``char_lstm`` (token windows → next token; an LSTM
+    from Linear cells, `raydpfl.models.recurrent.DPLSTM`)."""
+
+    vocab_size: int | None = None  # token ids in [0, vocab_size); null = num_classes
+    embed: int = 8  # embedding width (LEAF's Shakespeare LSTM: 8)
+    hidden: int = 256  # LSTM state width (LEAF: 256)
+    layers: int = 2  # stacked LSTM layers (LEAF: 2)
+
+    def __post_init__(self) -> None:
+        v = self.vocab_size
+        _check(v is None or v >= 2, "vocab_size", f"must be null or >= 2, got {v}")
+        for name in ("embed", "hidden", "layers"):
+            value = getattr(self, name)
+            _check(value >= 1, name, f"must be >= 1, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CharTransformerLoRAOptions(CharTransformerOptions):
+    """``experiment.model.options`` of ``char_transformer_lora``: a `char_transformer`
+    base, frozen, fine-tuned through low-rank adapters (`raydpfl.models.lora`); only the
+    adapters are trained, clipped, noised and uploaded."""
+
+    checkpoint: str | None = None  # the base's state dict (local file); null = base_seed
+    checkpoint_sha256: str | None = None  # if set, the checkpoint file must have it
+    rank: int = 8  # adapter rank r
+    alpha: float = 16.0  # adapter scale α (the update is (α/r)·B A)
+    targets: str = "qkv,proj,mlp_in,mlp_out"  # the Linear layers adapted, comma-separated
+    base_seed: int = 0  # builds the base when there is no checkpoint (same in every process)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = self.checkpoint
+        _check(c is None or (isinstance(c, str) and c != ""), "checkpoint", "must be a path")
+        h = self.checkpoint_sha256
+        hex_ok = h is not None and len(h) == 64 and all(ch in "0123456789abcdefABCDEF" for ch in h)
+        _check(h is None or hex_ok, "checkpoint_sha256", "must be 64 hex digits or null")
+        _check(h is None or c is not None, "checkpoint_sha256", "needs a checkpoint")
+        _check(self.rank >= 1, "rank", f"must be >= 1, got {self.rank}")
+        _check(self.alpha > 0, "alpha", f"must be > 0, got {self.alpha}")
+        names = [t.strip() for t in self.targets.split(",") if t.strip()]
+        _check(len(names) >= 1, "targets", "must name at least one Linear layer")
+        allowed = ("qkv", "proj", "mlp_in", "mlp_out", "head")
+        bad = [t for t in names if t not in allowed]
+        _check(not bad, "targets", f"must be among {', '.join(allowed)}; got {bad}")
+
+
+for _name, _target, _options in (
+    ("char_transformer", "raydpfl.models.text:CharTransformer", CharTransformerOptions),
+    ("char_lstm", "raydpfl.models.text:CharLSTM", CharLSTMOptions),
+    (
+        "char_transformer_lora",
+        "raydpfl.models.lora:char_transformer_lora",
+        CharTransformerLoRAOptions,
+    ),
+):
+    with contextlib.suppress(registry.RegistryError):  # a user's registration stands
+        registry.register("model", _name, _target, options=_options)
 
 
 #: Datasets read from files the user brings (`raydpfl.data.readers`): registered in the

@@ -11,11 +11,19 @@ Registered as ``char_transformer`` by `raydpfl.config.schema` (a "module:attr" t
 with its options dataclass, so ``experiment.model.options`` is checked strictly and the
 class travels to Ray workers).
 
-DP-SGD: Embedding and attention have no book-keeping rule, so ``runtime.engine: auto``
-falls back to the torch.func (vmap) engine for it (`raydpfl.privacy.engines`); the
-attention here is written out (no fused kernel) so vmap can batch it. A recurrent model
-(nn.LSTM) would be the classic choice, but under vmap its per-sample gradients cost
-about 30 s per 16 sequences on 2 CPU cores here, so it is not offered.
+`CharLSTM`: token embedding, a `raydpfl.models.recurrent.DPLSTM` (an LSTM built from
+Linear cells) and a Linear head on the last hidden state: LEAF's own Shakespeare model
+(embedding 8, two LSTM layers of 256) by default.
+
+DP-SGD: every layer of both has a book-keeping rule (Embedding, LayerNorm and Linear
+layers, attention included: it is written out from Linear layers), so
+``runtime.engine: auto`` takes the book-keeping engine (`raydpfl.privacy.engines`). The
+position embedding is looked up per sample (ids expanded to (B, L)), not once for the
+batch: a lookup shared by all samples would get the batch's summed output gradient,
+which no per-sample rule can split. The attention is written out (no fused kernel) so
+the vmap engine can batch it too. The LSTM's hidden-to-hidden Linear runs once per time
+step; the engine merges its calls into one record (`raydpfl.privacy.per_sample.repeated`),
+where nn.LSTM under vmap cost about 30 s per 16 sequences on 2 CPU cores here.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import math
 
 import torch
 from torch import nn
+
+from raydpfl.models.recurrent import DPLSTM
 
 
 class _Block(nn.Module):
@@ -83,8 +93,39 @@ class CharTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = tokens.long()
-        positions = torch.arange(tokens.shape[-1], device=tokens.device)
+        positions = (
+            torch.arange(tokens.shape[-1], device=tokens.device).expand_as(tokens).contiguous()
+        )
         x = self.embed(tokens) + self.position(positions)
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x[:, -1]))
+
+
+class CharLSTM(nn.Module):
+    """Next-character model over windows of `input_shape[0]` tokens: Embedding(vocab,
+    `embed`) → `DPLSTM`(`embed`, `hidden`, `layers`) → Linear head on the last hidden
+    state (see the module docstring). Defaults are LEAF's Shakespeare LSTM's."""
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        vocab_size: int | None = None,
+        embed: int = 8,
+        hidden: int = 256,
+        layers: int = 2,
+    ) -> None:
+        super().__init__()
+        if len(input_shape) != 1:
+            raise ValueError(
+                f"char_lstm takes token windows of shape (L,), got {tuple(input_shape)}"
+            )
+        self.vocab_size = int(vocab_size or num_classes)
+        self.embed = nn.Embedding(self.vocab_size, embed)
+        self.lstm = DPLSTM(embed, hidden, layers)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        states = self.lstm(self.embed(tokens.long()))
+        return self.head(states[:, -1])

@@ -38,12 +38,20 @@ channels-first input (runs of an output row; the per-sample gradient is then for
 backends keep freed blocks in the heap (`raydpfl.backends.allocator`) so that they are
 reused instead of being faulted in again.
 
-A model with any other parameterised layer is not supported; `supports(model)` says so
-and the caller falls back to `PerSampleGradients` (torch.func). Nor is a parameter shared
-by two layers (tied weights: `supports` refuses it) or a layer called more than once in
-one forward pass: its per-sample gradient is the sum of the calls' gradients, whose norm
-is not the root of the calls' summed squared norms, so the clipping bound would not hold.
-Only the forward pass shows a repeated call; the engine then raises `SharedLayerError`
+More layers have rules in `raydpfl.privacy.per_sample` (Embedding, LayerNorm, RMSNorm,
+nn.MultiheadAttention), which this engine dispatches to; a layer without parameters of
+its own (frozen: LoRA's base) is not recorded. A model with any other parameterised layer is not
+supported; `first_unsupported(model)` names the layer and the caller falls back to
+`PerSampleGradients` (torch.func). (`supports(model)` asks about the three rules of this
+module alone: the grouped multi-client engine, `raydpfl.privacy.multi_client`, has no
+others.) Nor is a parameter shared by two layers (tied weights) or a non-Linear layer
+called more than once in one forward pass: its per-sample gradient is the sum of the
+calls' gradients, whose norm is not the root of the calls' summed squared norms, so the
+clipping bound would not hold. A Linear layer's calls are merged into one record of
+stacked positions, which is exact (`per_sample.repeated`: recurrent cells). Only the
+forward pass shows a repeated call, or a layer applied to a tensor without the batch
+axis (checked every step, and once by a forward pass at a second batch size, which
+finds a shared input as long as the batch); the engine then raises `SharedLayerError`
 internally and hands that model to `PerSampleGradients` for good.
 """
 
@@ -56,6 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raydpfl.privacy import per_sample
 from raydpfl.privacy.dpsgd import (
     Params,
     PerSampleGradients,
@@ -65,11 +74,13 @@ from raydpfl.privacy.dpsgd import (
     per_sample_norms,
 )
 from raydpfl.privacy.param_binding import ParameterBinding
+from raydpfl.privacy.per_sample import repeated
+from raydpfl.privacy.per_sample.base import CallNotClippable
 
 _SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
 
 
-class SharedLayerError(ValueError):
+class SharedLayerError(CallNotClippable):
     """A layer ran more than once in one forward pass: book-keeping cannot clip it."""
 
 
@@ -86,25 +97,51 @@ def check_no_shared_layers(records: list) -> None:
 
 
 def supports(model: nn.Module) -> bool:
-    """True when every module that owns parameters has a book-keeping rule here and no
+    """True when every module that owns parameters has a book-keeping rule of this module
+    (Linear, Conv2d, GroupNorm: the ones the grouped multi-client engine also has) and no
     parameter is shared by two modules (a layer called twice shows only at run time)."""
+    return first_unsupported(model, core_only=True) is None
+
+
+def first_unsupported(model: nn.Module, *, core_only: bool = False) -> str | None:
+    """None when `BookkeepingClipping` has a rule for every module that owns parameters
+    (here or in `raydpfl.privacy.per_sample`; only here with `core_only`) and no
+    parameter is shared by two modules; otherwise one phrase naming the first layer
+    that has none and why, e.g. "layer 'rnn' (LSTM) has no per-sample rule"."""
     owners: set[int] = set()
-    for module in model.modules():
+    covered = {
+        id(child)
+        for module in model.modules()
+        if not core_only
+        for child in per_sample.owned_children(module)
+    }
+    for name, module in model.named_modules():
         own = [id(p) for p in module.parameters(recurse=False)]
-        if not own:
+        label = f"layer {name or '<root>'!r} ({type(module).__name__})"
+        if core_only and not own and isinstance(module, _SUPPORTED):
+            # frozen (its weights buffers, e.g. LoRA's base): the grouped multi-client
+            # engine replaces every such layer's forward and reads its parameters
+            return f"{label} is frozen (no parameters), which the grouped engine cannot run"
+        if not own or id(module) in covered:
             continue
         if owners.intersection(own):  # tied weights
-            return False
+            return f"{label} shares a parameter with another layer (tied weights)"
         owners.update(own)
+        rule = None if core_only else per_sample.rule_for(module)
+        if rule is not None:
+            reason = rule.refusal(module)
+            if reason is not None:
+                return f"{label} has no per-sample rule: {reason}"
+            continue
         if not isinstance(module, _SUPPORTED):
-            return False
+            return f"{label} has no per-sample rule"
         if isinstance(module, nn.Conv2d) and (
             module.groups != 1 or module.padding_mode != "zeros"
         ):
-            return False
+            return f"{label} has no per-sample rule for groups != 1 or non-zero padding"
         if isinstance(module, nn.GroupNorm) and not module.affine:
-            return False
-    return True
+            return f"{label} has no per-sample rule without an affine"
+    return None
 
 
 @dataclass
@@ -127,6 +164,8 @@ class _Record:
     # A Conv2d's per_sample is (B, p, q) with p in the weight's (C_in, k_h, k_w) order
     # (from channels-first patches, `_conv_patches_cf`) instead of (B, q, p).
     per_sample_pq: bool = False
+    # What a `raydpfl.privacy.per_sample` rule keeps between its norm and its weighted sum.
+    rule_cache: dict | None = None
 
 
 class BookkeepingClipping:
@@ -137,17 +176,29 @@ class BookkeepingClipping:
     """
 
     def __init__(self, model: nn.Module, max_chunk: int = 1024) -> None:
-        if not supports(model):
-            raise ValueError(f"{type(model).__name__} has a layer without a book-keeping rule")
+        missing = first_unsupported(model)
+        if missing is not None:
+            raise ValueError(
+                f"{type(model).__name__} has a layer without a book-keeping rule: {missing}"
+            )
         self.model = model
         self.max_chunk = max_chunk
         self._records: list[_Record] | None = None
         # set once a forward pass shows a layer called twice (`SharedLayerError`)
         self._fallback: PerSampleGradients | None = None
+        # set once a forward pass at a second batch size showed every recorded input
+        # following the batch (`_probe_batch_axis`)
+        self._batch_axis_probed = False
         self._prefix = {m: name for name, m in model.named_modules()}
         self._binding = ParameterBinding(model)  # cheaper than functional_call per step
+        covered = {id(c) for m in model.modules() for c in per_sample.owned_children(m)}
         for module in model.modules():
-            if isinstance(module, _SUPPORTED):
+            if id(module) in covered or not _owns_parameters(module):
+                continue  # a frozen layer (its weights buffers: LoRA's base) is not clipped
+            rule = per_sample.rule_for(module)
+            if rule is not None and hasattr(rule, "record_call"):  # needs the whole call
+                module.register_forward_hook(self._call_recorder(rule), with_kwargs=True)
+            elif isinstance(module, _SUPPORTED + per_sample.RULE_TYPES):
                 module.register_forward_hook(self._record)
 
     def _record(
@@ -157,6 +208,16 @@ class BookkeepingClipping:
         # clipped sum is being computed (evaluation shares the model).
         if self._records is not None:
             self._records.append(_Record(module, self._prefix[module], inputs[0].detach(), output))
+
+    def _call_recorder(self, rule):  # type: ignore[no-untyped-def]
+        """A forward hook (with kwargs) that records what `rule.record_call` keeps."""
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+            if self._records is not None:
+                inputs, out = rule.record_call(module, args, kwargs, output)
+                self._records.append(_Record(module, self._prefix[module], inputs, out))
+
+        return hook
 
     def clipped_sum(
         self,
@@ -192,7 +253,7 @@ class BookkeepingClipping:
         if self._fallback is None:
             try:
                 return self._clipped_sum(params, x, y, weight_rule, into, scale, low_rank)
-            except SharedLayerError as e:  # raised before anything was added to `into`
+            except CallNotClippable as e:  # raised before anything was added to `into`
                 self._use_fallback(e)
         assert self._fallback is not None
         if scale == 1.0:
@@ -209,7 +270,7 @@ class BookkeepingClipping:
         the fallback, and one chunk, so no forward pass runs after the sum is added."""
         return self._fallback is None and batch_size <= self.max_chunk
 
-    def _use_fallback(self, error: SharedLayerError) -> None:
+    def _use_fallback(self, error: CallNotClippable) -> None:
         warnings.warn(
             f"{type(self.model).__name__}: {error}; using torch.func per-sample gradients "
             "(runtime.engine: vmap) for this model",
@@ -251,10 +312,30 @@ class BookkeepingClipping:
         if self._fallback is None:
             try:
                 return self._norms_and_losses(params, x, y)[0]
-            except SharedLayerError as e:
+            except CallNotClippable as e:
                 self._use_fallback(e)
         assert self._fallback is not None
         return per_sample_norms(self._fallback.grads(params, x, y))
+
+    def _probe_batch_axis(self, leaves: Params, x: torch.Tensor, records: list[_Record]) -> None:
+        """Once per engine: a forward pass (no gradients) on a batch of p copies of the
+        first sample, p larger than every leading size the real pass showed, to find a
+        layer whose input only looked batched (a lookup on ``arange(T)`` when T happened
+        to equal the batch size): its leading size does not follow the batch, and it
+        raises `SharedLayerError` (the model goes to vmap) before anything is summed."""
+        sizes = [repeated.leading_size(rec) for rec in records]
+        probe = max([x.shape[0], *(n for n in sizes if n is not None)]) + 1
+        self._records = []
+        # the RNG streams are left as they were (a model with dropout draws in forward)
+        cuda = [x.device.index or 0] if x.device.type == "cuda" else []
+        try:
+            with torch.no_grad(), self._binding.bound(leaves), torch.random.fork_rng(cuda):
+                self.model(x[:1].expand(probe, *x.shape[1:]).contiguous())
+            seen = self._records
+        finally:
+            self._records = None
+        _check_calls(seen, probe)
+        self._batch_axis_probed = True
 
     def _norms(
         self, params: Params, x: torch.Tensor, y: torch.Tensor
@@ -265,6 +346,9 @@ class BookkeepingClipping:
     def _norms_and_losses(
         self, params: Params, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, list[_Record], torch.Tensor]:
+        if x.shape[0] == 0:  # no records, no norms (the rules' shapes need a sample)
+            empty = torch.zeros(0, device=x.device)
+            return empty, [], empty
         leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
         self._records = []
         try:
@@ -272,16 +356,45 @@ class BookkeepingClipping:
                 logits = self.model(x)
                 losses = F.cross_entropy(logits, y, reduction="none")
                 records = self._records
+                _check_calls(records, x.shape[0])  # before the backward pass
                 grads = torch.autograd.grad(losses.sum(), [r.output for r in records])
         finally:
             self._records = None
-        check_no_shared_layers(records)
-        norms_sq = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+        if not self._batch_axis_probed:
+            self._probe_batch_axis(leaves, x, records)
         for rec, g in zip(records, grads, strict=True):
             rec.grad = g.detach()
             rec.output = rec.output.detach()
+        records = repeated.merge_repeated(records)  # a Linear's calls: one record
+        norms_sq = torch.zeros(x.shape[0], dtype=losses.dtype, device=x.device)
+        for rec in records:
             norms_sq += _norm_sq(rec)
         return norms_sq.sqrt(), records, losses.detach()
+
+
+def _owns_parameters(module: nn.Module) -> bool:
+    """Whether `module`, or a child its rule covers, has parameters of its own."""
+    children = per_sample.owned_children(module)
+    return any(True for m in (module, *children) for _ in m.parameters(recurse=False))
+
+
+def _check_calls(records: list[_Record], batch: int) -> None:
+    """Raises `SharedLayerError` for a call no rule can clip: a non-Linear layer called
+    twice, or a layer whose input does not lead with the batch axis."""
+    found = repeated.first_unclippable(records, batch)
+    if found is None:
+        return
+    kind, rec = found
+    name = rec.prefix or type(rec.module).__name__
+    if kind == "repeat":
+        raise SharedLayerError(
+            f"layer {name!r} runs more than once per forward pass; its per-sample norm "
+            "needs materialised per-sample gradients"
+        )
+    raise SharedLayerError(
+        f"layer {name!r} is applied to a tensor without the batch axis first (shared by "
+        "all samples), so its per-sample gradients cannot be split from its output gradient"
+    )
 
 
 # ---- layer rules --------------------------------------------------------------------
@@ -376,6 +489,9 @@ def _norm_sq(rec: _Record) -> torch.Tensor:
     """Σ over the layer's parameters of ‖∇θ ℓ_i‖², per sample."""
     m, g = rec.module, rec.grad
     assert g is not None
+    rule = per_sample.rule_for(m)
+    if rule is not None:
+        return rule.norm_sq(rec)
     if isinstance(m, nn.GroupNorm):
         gamma, beta = _groupnorm_per_sample(rec)
         return gamma.pow(2).sum(1) + beta.pow(2).sum(1)
@@ -433,7 +549,10 @@ def _add_weighted_grads(
     prefix = f"{rec.prefix}." if rec.prefix else ""
     w = weights.to(g.dtype)
     out: Params = {}
-    if rec.per_sample is not None:  # Σ_i a_i ∇W_i from the kept per-sample gradients
+    rule = per_sample.rule_for(m)
+    if rule is not None:
+        out = rule.weighted(rec, w)
+    elif rec.per_sample is not None:  # Σ_i a_i ∇W_i from the kept per-sample gradients
         out["weight"] = _as_weight(rec, torch.mv(rec.per_sample.flatten(1).t(), w))
         if m.bias is not None:
             assert rec.per_sample_bias is not None

@@ -1,7 +1,7 @@
-"""The character model for LEAF's Shakespeare: shapes, causality, the per-sample engine it
-gets (vmap: Embedding and attention have no book-keeping rule), per-sample clipping that
-holds for it, and a DP-SGD run end to end on Shakespeare files in LEAF's format, split by
-role (natural clients)."""
+"""The character models for LEAF's Shakespeare: shapes, causality, the per-sample engine
+they get (book-keeping: Embedding, LayerNorm and Linear rules), per-sample clipping that
+holds for them, and DP-SGD runs end to end on Shakespeare files in LEAF's format, split
+by role (natural clients)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from raydpfl.data.readers import SHAKESPEARE_LETTERS
@@ -42,11 +43,11 @@ def test_logits_per_window_and_no_look_ahead():
         torch.testing.assert_close(model.blocks[0](y)[:, 0], first)
 
 
-def test_auto_engine_falls_back_to_vmap_and_each_samples_gradient_is_its_own():
+def test_auto_engine_is_bookkeeping_and_each_samples_gradient_is_its_own():
     model = build_model("char_transformer", (10,), 80, width=16, heads=2, layers=1)
-    assert not bookkeeping.supports(model)
-    engine = make_engine(model, "auto")
-    assert isinstance(engine, PerSampleGradients)
+    assert bookkeeping.first_unsupported(model) is None
+    assert isinstance(make_engine(model, "auto"), bookkeeping.BookkeepingClipping)
+    engine = PerSampleGradients(model)
     x = torch.randint(0, 80, (6, 10))
     y = torch.randint(0, 80, (6,))
     params = {n: p.detach() for n, p in model.named_parameters()}
@@ -90,7 +91,14 @@ def _write_shakespeare(root: Path) -> None:
     assert all(c in SHAKESPEARE_LETTERS for c in text)
 
 
-def test_dp_sgd_trains_the_char_model_on_shakespeare_by_role(tmp_path):
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"name": "char_transformer", "options": {"width": 16, "layers": 1}},
+        {"name": "char_lstm", "options": {"embed": 8, "hidden": 16, "layers": 1}},
+    ],
+)
+def test_dp_sgd_trains_the_char_model_on_shakespeare_by_role(tmp_path, model):
     import raydpfl
 
     _write_shakespeare(tmp_path)
@@ -104,7 +112,7 @@ def test_dp_sgd_trains_the_char_model_on_shakespeare_by_role(tmp_path):
                     "partition": {"kind": "natural"},
                     "client_test_fraction": 0.25,
                 },
-                "model": {"name": "char_transformer", "options": {"width": 16, "layers": 1}},
+                "model": model,
                 "algorithm": {
                     "name": "dp_fedavg",
                     "rounds": 2,
@@ -128,3 +136,15 @@ def test_dp_sgd_trains_the_char_model_on_shakespeare_by_role(tmp_path):
     assert 0 < s["epsilon_max"] <= 50.0
     assert np.isfinite(s["final_test_accuracy"])
     assert result.history.num_rows == 2
+
+
+def test_char_lstm_is_leafs_shakespeare_lstm_and_trains_on_the_bookkeeping_engine():
+    model = build_model("char_lstm", (80,), 80)
+    # LEAF's reference: Embedding(80, 8), 2 LSTM layers of 256, Linear(256, 80); torch's
+    # two LSTM biases are one here (4·256 fewer values per layer)
+    lstm = torch.nn.LSTM(8, 256, num_layers=2)
+    assert sum(p.numel() for p in model.parameters()) == (
+        80 * 8 + sum(p.numel() for p in lstm.parameters()) - 2 * 4 * 256 + 256 * 80 + 80
+    )
+    assert isinstance(make_engine(model, "auto"), bookkeeping.BookkeepingClipping)
+    assert model(torch.randint(0, 80, (3, 80))).shape == (3, 80)

@@ -121,13 +121,14 @@ def test_a_scaled_sum_is_added_into_given_tensors_on_both_paths():
     −(lr/B)·s into the parameters), on the book-keeping rules and on the vmap fallback
     a shared layer hands the model to; without `into` it is refused."""
 
-    class Twice(nn.Module):  # one layer called twice: the fallback
+    class Twice(nn.Module):  # a non-Linear layer called twice: the fallback
         def __init__(self) -> None:
             super().__init__()
             self.inner = nn.Linear(4, 4)
+            self.norm = nn.LayerNorm(4)
 
         def forward(self, x):
-            return self.inner(torch.relu(self.inner(x)))
+            return self.inner(self.norm(torch.relu(self.norm(x))))
 
     torch.manual_seed(0)
     for model, x in ((_Mixed(), torch.randn(5, 1, 14, 14)), (Twice(), torch.randn(5, 4))):
@@ -249,7 +250,9 @@ def test_auto_engine_falls_back_to_torch_func_for_unsupported_layers():
 
 class _Twice(nn.Module):
     """One Linear applied twice in a forward pass: its per-sample gradient is the sum of
-    both calls' gradients, whose norm book-keeping's per-call rule cannot give."""
+    both calls' gradients, whose norm a per-call rule cannot give. The grouped
+    multi-client engine hands it to vmap (tests/privacy/test_multi_client.py); the
+    single-client engine merges a Linear's calls (tests/privacy/test_per_sample_rules.py)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -260,9 +263,22 @@ class _Twice(nn.Module):
         return self.head(self.body(torch.relu(self.body(x))))
 
 
+class _NormTwice(nn.Module):
+    """One LayerNorm applied twice: no rule merges its calls, so the single-client
+    engine hands the model to vmap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.LayerNorm(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.body(torch.relu(self.body(x))))
+
+
 def test_a_layer_called_twice_hands_the_model_to_the_vmap_engine():
     torch.manual_seed(0)
-    model = _Twice()
+    model = _NormTwice()
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x, y = torch.randn(6, 4) * 3, torch.randint(0, 3, (6,))
     rule = lambda n: clip_weights(n, 0.1)  # noqa: E731
