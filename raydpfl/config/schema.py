@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raydpfl import registry
-from raydpfl.config._base import ConfigError, _check
+from raydpfl.config._base import ConfigError, _check, did_you_mean
 from raydpfl.config._mapping import from_mapping
 from raydpfl.config.cluster_shift import ClusterShiftConfig
 
@@ -31,7 +31,9 @@ def _check_name(kind: registry.Kind, name: str, builtins: tuple[str, ...], field
         return
     extra = [n for n in registry.names(kind) if n not in builtins]
     allowed = ", ".join((*builtins, *extra))
-    hint = (
+    # A near miss is a typo: say which name; otherwise perhaps the user's own, not loaded.
+    close = did_you_mean(name, (*builtins, *extra))
+    hint = close or (
         f" (your own {kind}? load its file with `--plugin FILE`, or register it in Python "
         "before run_simulation)"
     )
