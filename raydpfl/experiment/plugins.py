@@ -7,8 +7,10 @@ a registered algorithm is built here from its entry:
   looked up in this order: the options dataclass (``experiment.algorithm.options``),
   ``experiment.algorithm`` (rounds, clients_per_round, local_steps, lr, batch_size) and
   ``experiment.privacy`` (clip_norm, noise_multiplier, sampling_rate, epsilon, delta,
-  accountant); a null ``noise_multiplier`` is calibrated so that rounds × local_steps
-  steps spend the budget;
+  accountant) and, for an entry registered with ``server=True``,
+  ``experiment.algorithm.server`` (server_optimizer, server_lr, server_momentum,
+  server_beta2, server_adam_eps, aggregator, trim_fraction); a null
+  ``noise_multiplier`` is calibrated so that rounds × local_steps steps spend the budget;
 - a function is called with a `BuildContext` and returns the `Algorithm`.
 
 Either way, a private algorithm gets the ledger of the config's accountant, δ and
@@ -50,12 +52,15 @@ class BuildContext:
         options: The entry's options (an instance of its options dataclass), or None.
         dataset: The federated dataset (client sizes: ``dataset.train_sizes()``).
         model: The initial model (e.g. to count parameters).
+        server_optimizer: The entry was registered with ``server=True``: it takes
+            ``experiment.algorithm.server`` (`raydpfl.register_algorithm`).
     """
 
     config: Config
     options: Any
     dataset: FederatedDataset
     model: torch.nn.Module
+    server_optimizer: bool = False
 
     def noise_multiplier(self, steps: int) -> float:
         """σ from ``experiment.privacy``, or calibrated so `steps` steps spend ε."""
@@ -136,7 +141,9 @@ def build_registered_algorithm(
         return entry.load()(config, dataset, model)
     options = parse_options(entry, algo.options, "experiment.algorithm.options")
     target = _load(entry, "experiment.algorithm.name")
-    context = BuildContext(config, options, dataset, model)
+    context = BuildContext(
+        config, options, dataset, model, registry.SERVER_OPTIMIZER_TAG in entry.tags
+    )
     if isinstance(target, type) and issubclass(target, Algorithm):
         algorithm = _construct(target, context)
     else:
@@ -181,6 +188,12 @@ def _construct(cls: type[Algorithm], context: BuildContext) -> Algorithm:
         {k: getattr(algo, k) for k in ("rounds", "clients_per_round", "local_steps", "lr")}
         | {"batch_size": algo.batch_size}
     )
+    if context.server_optimizer:
+        # Registered with server=True: experiment.algorithm.server as the arguments of
+        # ServerOptimizerMixin (server_optimizer, server_lr, ..., aggregator).
+        from raydpfl.experiment.builders.core import server_optimizer_kwargs
+
+        sources.append(server_optimizer_kwargs(context.config))
     sigma = privacy.noise_multiplier
     lazy_sigma: Callable[[], float] = functools.partial(
         context.noise_multiplier, algo.rounds * algo.local_steps
