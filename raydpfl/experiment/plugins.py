@@ -15,6 +15,8 @@ a registered algorithm is built here from its entry:
 
 Either way, a private algorithm gets the ledger of the config's accountant, δ and
 per-client ε budget, and the server charges each task's declared cost before dispatch.
+
+`import_plugins` is what ``--plugin`` does, in every command and in every Tune trial.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +67,42 @@ class BuildContext:
     def noise_multiplier(self, steps: int) -> float:
         """σ from ``experiment.privacy``, or calibrated so `steps` steps spend ε."""
         return noise_multiplier(self.config.experiment.privacy, steps)[0]
+
+
+def import_plugins(plugins: Sequence[str]) -> None:
+    """Imports each ``--plugin``: a module name (``my_pkg.algos``) or a ``.py`` file from
+    any path, imported as the module of its stem (so that its ``raydpfl.register_*``
+    calls run); a file already imported from the same path is not imported again.
+
+    Raises:
+        ConfigError: Under ``--plugin``: no such file, or its import failed (the error in
+            one line).
+    """
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    for plugin in plugins:
+        path = Path(plugin)
+        try:
+            if plugin.endswith(".py"):
+                if not path.is_file():
+                    raise ConfigError("--plugin", f"no such file {plugin!r}")
+                module = sys.modules.get(path.stem)
+                if module is None or getattr(module, "__file__", None) != str(path):
+                    spec = importlib.util.spec_from_file_location(path.stem, path)
+                    assert spec is not None and spec.loader is not None
+                    module = importlib.util.module_from_spec(spec)
+                    sys.modules[path.stem] = module
+                    spec.loader.exec_module(module)
+            else:
+                importlib.import_module(plugin)
+        except ConfigError:
+            raise
+        except Exception as e:
+            text = " ".join(str(e).split())
+            raise ConfigError("--plugin", f"cannot import {plugin!r}: {type(e).__name__}: {text}") from None
 
 
 def parse_options(entry: registry.Entry, raw: Mapping[str, Any], field: str) -> Any:

@@ -140,6 +140,15 @@ class Sweep:
     base: Config
     spec: TuneSpec
     tune_raw: dict[str, Any] = field(default_factory=dict)  # the tune: section as written
+    #: ``--plugin`` modules and files (absolute paths), imported in every trial first.
+    plugins: tuple[str, ...] = ()
+    #: Registry entries (`raydpfl.registry.Entry`) of the user's own algorithm, model or
+    #: dataset the config names, registered again in each trial's process (their objects
+    #: travel with the sweep: by value when defined in a script or notebook).
+    entries: tuple[Any, ...] = ()
+    #: A model factory given from Python (`raydpfl.tune.run_sweep(model=...)`), used by
+    #: every trial instead of ``experiment.model``.
+    model: Any = None
 
     def trial_config(self, params: Mapping[str, Any]) -> Config:
         """The config of the trial with `params` (dotted key → value)."""
