@@ -850,7 +850,7 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from raydpfl.tune.sweep import load_sweep_file, resume_sweep, run_sweep
+    from raydpfl.tune.sweep import execute_sweep, load_sweep_file, resume_sweep
 
     if args.quiet and args.verbose:
         raise ConfigError("--quiet", "--quiet and --verbose exclude each other")
@@ -879,7 +879,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 )
             )
             args.sweep_dir = out
-            summary = run_sweep(sweep, out, verbose=args.verbose, on_progress=on_progress)
+            summary = execute_sweep(sweep, out, verbose=args.verbose, on_progress=on_progress)
     finally:
         if progress is not None:
             progress.close()
@@ -918,7 +918,7 @@ def _sweep_failures(summary: Mapping[str, Any]) -> int:
     if not failed:
         return 0
     first = failed[0]
-    where = Path(summary["sweep_dir"]) / first["run_dir"] / "error.log"
+    where = Path(summary["sweep_dir"]) / (first.get("error_file") or first["run_dir"])
     line = f"first error ({first['trial_id']}): {first.get('error') or 'unknown'}; traceback in {where}"
     if len(failed) == len(summary["rows"]):
         print(f"raydpfl: sweep failed: all {len(failed)} trials failed; {line}", file=sys.stderr)

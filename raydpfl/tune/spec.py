@@ -146,7 +146,7 @@ class Sweep:
     #: dataset the config names, registered again in each trial's process (their objects
     #: travel with the sweep: by value when defined in a script or notebook).
     entries: tuple[Any, ...] = ()
-    #: A model factory given from Python (`raydpfl.tune.run_sweep(model=...)`), used by
+    #: A model factory given from Python (`raydpfl.run_sweep(model=...)`), used by
     #: every trial instead of ``experiment.model``.
     model: Any = None
 

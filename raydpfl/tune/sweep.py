@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import shlex
@@ -164,7 +165,7 @@ def check_trial_resources(sweep: Sweep, have: Mapping[str, float]) -> None:
 
 
 # ---- running ------------------------------------------------------------------------------
-def run_sweep(
+def execute_sweep(
     sweep: Sweep,
     sweep_dir: Path,
     *,
@@ -191,6 +192,7 @@ def run_sweep(
     if not resume:
         check_run_dir_free(sweep_dir)
     preflight_sweep(sweep)
+    _ship_plugin_files_by_value(sweep)
     started = connect(sweep.base.runtime.address)
     try:
         import ray
@@ -202,6 +204,19 @@ def run_sweep(
     finally:
         if started:
             disconnect()
+
+
+def _ship_plugin_files_by_value(sweep: Sweep) -> None:
+    """What the ``--plugin`` files define is pickled by value into the trials (the
+    sweep's own entries included), so a trial need not find the file to unpickle them."""
+    import sys
+
+    from ray import cloudpickle
+
+    for plugin in sweep.plugins:
+        module = sys.modules.get(Path(plugin).stem) if plugin.endswith(".py") else None
+        if module is not None:
+            cloudpickle.register_pickle_by_value(module)
 
 
 def _run_sweep(
@@ -233,7 +248,7 @@ def _run_sweep(
     stop = SweepInterrupt()
     # Ctrl-C/SIGTERM from here on: Tune's graceful stop. Not earlier: starting Ray
     # would put its own SIGTERM handler over ours.
-    with stop, _silent_output(verbose == 0):
+    with stop, _silent_output(verbose == 0), _quiet_trial_errors(verbose == 0):
         tuner = _tuner(sweep, sweep_dir, state, replay, verbose, on_progress)
         LAST_SEEN.clear()
         grid = tuner.fit()
@@ -252,6 +267,25 @@ def _silent_output(silent: bool) -> Iterator[None]:
         yield
     finally:
         os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+
+
+class _DropTrialErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Trial task failed")
+
+
+@contextlib.contextmanager
+def _quiet_trial_errors(quiet: bool) -> Iterator[None]:
+    """With `quiet`, Tune's log of each failed trial's traceback stays off the terminal:
+    the traceback is in the trial's error.log, and the CLI says where in one line."""
+    logger = logging.getLogger("ray.tune.execution.tune_controller")
+    drop = _DropTrialErrors()
+    if quiet:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _tuner(
@@ -316,7 +350,7 @@ def resume_sweep(
     specs = tuple(dict.fromkeys((*state.plugins, *plugin_specs(plugins))))
     import_plugins(specs)
     sweep = load_sweep_file(sweep_dir / SWEEP_FILE, plugins=specs)
-    return run_sweep(sweep, sweep_dir, resume=True, verbose=verbose, on_progress=on_progress)
+    return execute_sweep(sweep, sweep_dir, resume=True, verbose=verbose, on_progress=on_progress)
 
 
 # ---- Tune wiring ------------------------------------------------------------------------
@@ -708,7 +742,17 @@ def _trial_row(
         "model_sha256": None if summary is None else summary.get("model_sha256"),
         "run_dir": str(run_dir.relative_to(sweep_dir)),
         "error": None if result.error is None else _error_line(result.error),
+        "error_file": None if result.error is None else _error_file(sweep_dir, trial_id),
     }
+
+
+def _error_file(sweep_dir: Path, key: str) -> str:
+    """Where a failed trial's traceback is: its run's error.log, or (when it failed
+    before its run started) Ray Tune's error.txt; relative to the sweep directory."""
+    ours = Path(TRIALS_DIR) / key / TRIAL_ERROR_LOG
+    if (sweep_dir / ours).exists():
+        return str(ours)
+    return str(Path(TUNE_DIR) / TUNE_NAME / key / "error.txt")
 
 
 def _error_line(error: BaseException) -> str:
