@@ -207,14 +207,29 @@ def execute_sweep(
 
 
 def _ship_plugin_files_by_value(sweep: Sweep) -> None:
-    """What the ``--plugin`` files define is pickled by value into the trials (the
-    sweep's own entries included), so a trial need not find the file to unpickle them."""
+    """The user's code is pickled by value into the trials, so a trial need not find its
+    file: what the ``--plugin`` files define, and the modules of the objects given from
+    Python (the sweep's registry entries and model), unless installed (site-packages) or
+    raydpfl's own; ``__main__`` (a script, a notebook) is pickled by value anyway."""
     import sys
+    import sysconfig
 
     from ray import cloudpickle
 
-    for plugin in sweep.plugins:
-        module = sys.modules.get(Path(plugin).stem) if plugin.endswith(".py") else None
+    modules = [
+        sys.modules.get(Path(p).stem) for p in sweep.plugins if p.endswith(".py")
+    ]
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    for obj in [e.target for e in sweep.entries] + [sweep.model]:
+        name = getattr(obj, "__module__", None)
+        module = sys.modules.get(name) if isinstance(name, str) else None
+        where = str(getattr(module, "__file__", "") or "")
+        top = (name or "").split(".")[0]
+        if module is None or top in ("raydpfl", "__main__") or not where:
+            continue
+        if not any(where.startswith(p) for p in installed):
+            modules.append(module)
+    for module in modules:
         if module is not None:
             cloudpickle.register_pickle_by_value(module)
 
