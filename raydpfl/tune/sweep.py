@@ -46,7 +46,7 @@ from raydpfl.config.load import dump_config, read_yaml
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.simulation.integrity import has_checkpoint
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
-from raydpfl.simulation.run_lock import LOCK_FILE, run_dir_lock
+from raydpfl.simulation.run_lock import LOCK_FILE, check_not_busy, run_dir_lock
 from raydpfl.tune.selection import selection_privacy
 from raydpfl.tune.spec import Sweep, TuneSpec, parse_sweep, plain_value
 from raydpfl.tune.state import STATE_FILE, TRIAL_KEY, SweepState, plan_trials
@@ -361,6 +361,7 @@ def resume_sweep(
     sweep_dir = Path(sweep_dir)
     if not (sweep_dir / SWEEP_FILE).is_file():
         raise ConfigError("resume", f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE})")
+    check_not_busy(sweep_dir)  # another process runs it: say so first, before anything
     state = SweepState.read(sweep_dir)
     specs = tuple(dict.fromkeys((*state.plugins, *plugin_specs(plugins))))
     import_plugins(specs)
