@@ -2,9 +2,12 @@
 
     SWEEP_DIR/
       sweep.yaml             the sweep file as run (base config, --set applied, tune:)
-      trials/<trial_id>/     one ordinary run directory per trial (`raydpfl report` reads it)
+      sweep_state.json       raydpfl's own state: each trial's key, parameters, Tune status,
+                             and the plug-ins (`state`; what `--resume` reads)
+      trials/<key>/          one ordinary run directory per trial (t00000, ...; `raydpfl
+                             report` reads it; error.log if it failed)
       trials/.attempts/      earlier attempts of trials restarted before their first checkpoint
-      tune/sweep/            Ray Tune's experiment state (what `--resume` restores)
+      tune/sweep/            Ray Tune's own files (pickles: never read back)
       results.parquet        one row per trial: parameters, status, metric, ε
       best_config.yaml       the best trial's full config (runs with `raydpfl run`)
       sweep_summary.json     objective, best trial, and the privacy of selecting it
@@ -16,9 +19,12 @@ loop, and its worker actors are created inside the trial's placement group. Ever
 round's row is reported to Tune (the metric as of the latest evaluation), so ASHA can
 stop weak trials at its rungs; round numbers are Tune's time unit.
 
-An interrupted sweep resumes with `raydpfl tune --resume SWEEP_DIR`: finished trials
-are kept, unfinished ones restart, and a trial with a checkpoint continues from it
-(the run directory's own checkpoint/resume, so it ends with the same model). Ctrl-C or
+An interrupted sweep resumes with `raydpfl tune --resume SWEEP_DIR`: a fresh Tuner over
+the same trials (never ``Tuner.restore``, which unpickles; see `state`): finished trials
+replay their recorded rounds, unfinished ones restart, and a trial with a checkpoint
+continues from it (the run directory's own checkpoint/resume, so it ends with the same
+model). Before Ray Tune starts, every trial passes what `raydpfl run` checks
+(`preflight_sweep`, `check_trial_resources`). Ctrl-C or
 SIGTERM stops a sweep through Tune's own graceful stop (`interrupt`): its state is saved,
 the table is written with each trial's status (`status.sweep_status`), and
 sweep_summary.json records the signal under "interrupted".
