@@ -294,11 +294,13 @@ def run_sweep(
     import_plugins(list(plugins))
     raw = _raw_config(config, read_yaml)
     if algorithm is not None:
-        raw.setdefault("experiment", {}).setdefault("algorithm", {})["name"] = (
-            _registered_name(algorithm)
+        raw.setdefault("experiment", {}).setdefault("algorithm", {})["name"] = _registered_name(
+            algorithm
         )
     if model is not None and not callable(model):
-        raise ConfigError("model", f"must be a callable returning a torch.nn.Module, got {model!r}")
+        raise ConfigError(
+            "model", f"must be a callable returning a torch.nn.Module, got {model!r}"
+        )
     tune: dict[str, Any] = {
         "metric": metric,
         "mode": mode,
@@ -317,8 +319,10 @@ def run_sweep(
         sweep, plugins=plugin_specs(list(plugins)), entries=user_entries(sweep.base), model=model
     )
     if sweep_dir is not None:
-        return _sweep_result(execute_sweep(sweep, Path(sweep_dir), verbose=verbose,
-                                           on_progress=on_progress), keep=True)
+        return _sweep_result(
+            execute_sweep(sweep, Path(sweep_dir), verbose=verbose, on_progress=on_progress),
+            keep=True,
+        )
     with tempfile.TemporaryDirectory(prefix="raydpfl-sweep-") as tmp:
         out = Path(tmp) / "sweep"
         return _sweep_result(
@@ -339,10 +343,7 @@ def _raw_config(config: Any, read_yaml: Callable[[Path], Any]) -> dict[str, Any]
         return {}
     if isinstance(config, Config):
         return yaml.safe_load(dump_config(config))
-    if isinstance(config, (str, Path)):
-        raw = read_yaml(Path(config))
-    else:
-        raw = config
+    raw = read_yaml(Path(config)) if isinstance(config, (str, Path)) else config
     if not isinstance(raw, Mapping):
         raise ConfigError("config", f"must be a mapping, a Config or a YAML path, got {raw!r}")
     return copy.deepcopy(dict(raw))

@@ -919,7 +919,8 @@ def _sweep_failures(summary: Mapping[str, Any]) -> int:
         return 0
     first = failed[0]
     where = Path(summary["sweep_dir"]) / (first.get("error_file") or first["run_dir"])
-    line = f"first error ({first['trial_id']}): {first.get('error') or 'unknown'}; traceback in {where}"
+    error = first.get("error") or "unknown"
+    line = f"first error ({first['trial_id']}): {error}; traceback in {where}"
     if len(failed) == len(summary["rows"]):
         print(f"raydpfl: sweep failed: all {len(failed)} trials failed; {line}", file=sys.stderr)
         return 1

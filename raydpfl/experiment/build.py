@@ -498,8 +498,9 @@ def _run_experiment(
     if run_dir is not None and not resume:
         with _undone_if_refused(run_dir):
             RunWriter(run_dir).write_config(exp.recorded_config or dump_config(exp.config))
-            return _watched_run(exp, run_dir, on_round, resume, server_in_process, callbacks,
-                                temporary)
+            return _watched_run(
+                exp, run_dir, on_round, resume, server_in_process, callbacks, temporary
+            )
     return _watched_run(exp, run_dir, on_round, resume, server_in_process, callbacks, temporary)
 
 

@@ -102,7 +102,9 @@ def import_plugins(plugins: Sequence[str]) -> None:
             raise
         except Exception as e:
             text = " ".join(str(e).split())
-            raise ConfigError("--plugin", f"cannot import {plugin!r}: {type(e).__name__}: {text}") from None
+            raise ConfigError(
+                "--plugin", f"cannot import {plugin!r}: {type(e).__name__}: {text}"
+            ) from None
 
 
 def parse_options(entry: registry.Entry, raw: Mapping[str, Any], field: str) -> Any:

@@ -40,8 +40,13 @@ PYTHON_PREFIX = "python:"
 ALGORITHM_KEYS = ("clients_per_round", "local_steps", "lr", "batch_size")
 PRIVACY_KEYS = ("clip_norm", "noise_multiplier", "sampling_rate")
 #: `ServerOptimizer`'s attributes → ``experiment.algorithm.server`` keys.
-_SERVER_KEYS = {"optimizer": "optimizer", "lr": "lr", "momentum": "momentum",
-                "beta2": "beta2", "eps": "adam_eps"}
+_SERVER_KEYS = {
+    "optimizer": "optimizer",
+    "lr": "lr",
+    "momentum": "momentum",
+    "beta2": "beta2",
+    "eps": "adam_eps",
+}
 _PLAIN = (int, float, str, bool, type(None))
 
 

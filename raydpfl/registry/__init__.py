@@ -78,8 +78,8 @@ __all__ = [
     "REGRESSION_TAG",
     "SERVER_OPTIMIZER_TAG",
     "Entry",
-    "algorithm_tags",
     "RegistryError",
+    "algorithm_tags",
     "entries",
     "get",
     "is_registered",
@@ -299,9 +299,7 @@ def register_algorithm(
         notes: Facts in words, by topic (``{"audit": "why the audit refuses it"}``).
     """
     tags = algorithm_tags(dropout=dropout, server=server, audit=audit, regression=regression)
-    return _decorator(
-        "algorithm", name, options, replace, section=section, tags=tags, notes=notes
-    )
+    return _decorator("algorithm", name, options, replace, section=section, tags=tags, notes=notes)
 
 
 def register_model(

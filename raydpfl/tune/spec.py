@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from raydpfl.config.load import config_from_dict, dotted_path, set_dotted
 from raydpfl.config import did_you_mean
+from raydpfl.config.load import config_from_dict, dotted_path, set_dotted
 from raydpfl.config.schema import Config, ConfigError
 
 SPACE_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")

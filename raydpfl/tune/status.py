@@ -55,8 +55,9 @@ class SweepProgress(Callback):
         self.best: float | None = None
         self.last: tuple[Any, ...] | None = None
 
-    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict,
-                        **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Any], trial: Any, result: dict, **info: Any
+    ) -> None:
         value = result.get(self.metric)
         if isinstance(value, (int, float)) and math.isfinite(value):
             better = self.best is None or (
@@ -73,8 +74,14 @@ class SweepProgress(Callback):
         if now != self.last:
             self.last = now
             self.on_progress(
-                {"done": done, "total": self.total, "running": running, "failed": failed,
-                 "best": self.best, "metric": self.metric}
+                {
+                    "done": done,
+                    "total": self.total,
+                    "running": running,
+                    "failed": failed,
+                    "best": self.best,
+                    "metric": self.metric,
+                }
             )
 
 

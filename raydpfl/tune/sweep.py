@@ -151,7 +151,10 @@ def check_trial_resources(sweep: Sweep, have: Mapping[str, float]) -> None:
     for config in probe_configs(sweep):
         bundles = trial_bundles(config, sweep.spec.server_cpus)
         rt = config.runtime
-        for resource, key in (("CPU", "runtime.cpus_per_worker"), ("GPU", "runtime.gpus_per_worker")):
+        for resource, key in (
+            ("CPU", "runtime.cpus_per_worker"),
+            ("GPU", "runtime.gpus_per_worker"),
+        ):
             need = sum(b.get(resource, 0.0) for b in bundles)
             if need > have.get(resource, 0.0) + 1e-9:
                 how = (
@@ -222,9 +225,7 @@ def _ship_plugin_files_by_value(sweep: Sweep) -> None:
 
     from ray import cloudpickle
 
-    modules = [
-        sys.modules.get(Path(p).stem) for p in sweep.plugins if p.endswith(".py")
-    ]
+    modules = [sys.modules.get(Path(p).stem) for p in sweep.plugins if p.endswith(".py")]
     installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     for obj in [e.target for e in sweep.entries] + [sweep.model]:
         name = getattr(obj, "__module__", None)
@@ -557,9 +558,8 @@ def _log_trial_error(run_dir: Path, e: BaseException) -> None:
     """Appends the trial's error and traceback to its run directory's error.log."""
     import traceback
 
-    with contextlib.suppress(OSError):
-        with open(run_dir / TRIAL_ERROR_LOG, "a", encoding="utf-8") as f:
-            f.write("".join(traceback.format_exception(e)))
+    with contextlib.suppress(OSError), open(run_dir / TRIAL_ERROR_LOG, "a", encoding="utf-8") as f:
+        f.write("".join(traceback.format_exception(e)))
 
 
 def replay_trial(run_dir: Path, reporter: TrialReporter) -> None:
@@ -733,7 +733,9 @@ def _trial_row(
     spec = sweep.spec
     trial_id = Path(result.path).name  # the trial's key (`SweepState.key_for`)
     run_dir = sweep_dir / TRIALS_DIR / trial_id
-    params = dict(known[trial_id]) if trial_id in known else _params_of(sweep, result.config or {}, {})
+    params = (
+        dict(known[trial_id]) if trial_id in known else _params_of(sweep, result.config or {}, {})
+    )
     rounds = _read_rounds(run_dir)
     summary = _read_json(run_dir / "summary.json")
     planned = sweep.trial_config(params).experiment.algorithm.rounds

@@ -13,13 +13,19 @@ from raydpfl.tune.spec import parse_sweep
     ("raw", "field", "suggestion"),
     [
         ({"algorithm": {"lrr": 0.1}}, "experiment.algorithm.lrr", "'lr'"),
-        ({"privacy": {"noise_multiplir": 1.0}}, "experiment.privacy.noise_multiplir",
-         "'noise_multiplier'"),
+        (
+            {"privacy": {"noise_multiplir": 1.0}},
+            "experiment.privacy.noise_multiplir",
+            "'noise_multiplier'",
+        ),
         ({"algorithm": {"name": "dp_fedvg"}}, "experiment.algorithm.name", "'dp_fedavg'"),
         ({"model": {"name": "logrge"}}, "experiment.model.name", "'logreg'"),
         ({"data": {"dataset": "fashion_mnst"}}, "experiment.data.dataset", "'fashion_mnist'"),
-        ({"data": {"partition": {"kind": "dirichlett"}}}, "experiment.data.partition.kind",
-         "'dirichlet'"),
+        (
+            {"data": {"partition": {"kind": "dirichlett"}}},
+            "experiment.data.partition.kind",
+            "'dirichlet'",
+        ),
     ],
 )
 def test_a_near_miss_names_the_word_meant(raw, field, suggestion):
@@ -47,8 +53,11 @@ def test_did_you_mean_picks_the_closest_and_ignores_non_strings():
 
 def test_tune_section_keys_and_metrics_get_suggestions():
     base = {"experiment": {"data": {"dataset": "synthetic"}}}
-    with pytest.raises(ConfigError, match=r"^tune\.num_sample: unknown key \(did you mean "
-                       r"'num_samples'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^tune\.num_sample: unknown key \(did you mean "
+        r"'num_samples'\?\)",
+    ):
         parse_sweep({**base, "tune": {"num_sample": 2, "space": {}}})
     with pytest.raises(ConfigError, match=r"did you mean 'test_accuracy'\?"):
         parse_sweep({**base, "tune": {"metric": "test_acuracy", "space": {}}})

@@ -27,8 +27,7 @@ CONFIG = {
         "data": {"dataset": "digits", "num_clients": 6, "partition": {"kind": "iid"}},
         "model": {"name": "logreg"},
         "algorithm": {"rounds": 2, "clients_per_round": 3, "local_steps": 1, "lr": 0.5},
-        "privacy": {"epsilon": 20.0, "delta": 1e-3, "noise_multiplier": 1.0,
-                    "sampling_rate": 0.1},
+        "privacy": {"epsilon": 20.0, "delta": 1e-3, "noise_multiplier": 1.0, "sampling_rate": 0.1},
     },
     "runtime": {"backend": "local", "seed": 2},
 }
@@ -44,8 +43,14 @@ class MyNet(nn.Module):
 
 
 def _readme_algorithm(cls=DPFedAvg) -> DPFedAvg:
-    return cls(clients_per_round=4, local_steps=2, lr=0.1, clip_norm=0.8,
-               noise_multiplier=1.1, sampling_rate=0.05)
+    return cls(
+        clients_per_round=4,
+        local_steps=2,
+        lr=0.1,
+        clip_norm=0.8,
+        noise_multiplier=1.1,
+        sampling_rate=0.05,
+    )
 
 
 def test_the_readme_snippet_is_recorded_by_name_with_its_actual_parameters(tmp_path):
@@ -57,7 +62,12 @@ def test_the_readme_snippet_is_recorded_by_name_with_its_actual_parameters(tmp_p
 
     recorded = load_config(run_dir / "config.yaml")
     algo, privacy = recorded.experiment.algorithm, recorded.experiment.privacy
-    assert (algo.name, algo.clients_per_round, algo.local_steps, algo.lr) == ("dp_fedavg", 4, 2, 0.1)
+    assert (algo.name, algo.clients_per_round, algo.local_steps, algo.lr) == (
+        "dp_fedavg",
+        4,
+        2,
+        0.1,
+    )
     assert (privacy.clip_norm, privacy.noise_multiplier, privacy.sampling_rate) == (0.8, 1.1, 0.05)
     text = (run_dir / "config.yaml").read_text()
     assert text.startswith("# What ran differs from the config")
@@ -76,10 +86,13 @@ def test_an_unregistered_class_is_marked_as_a_python_object_with_its_parameters(
     class LocalVariant(DPFedAvg):
         pass
 
-    raydpfl.run_simulation(CONFIG, algorithm=_readme_algorithm(LocalVariant), run_dir=tmp_path / "r")
+    raydpfl.run_simulation(
+        CONFIG, algorithm=_readme_algorithm(LocalVariant), run_dir=tmp_path / "r"
+    )
 
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    name = f"{__name__}.test_an_unregistered_class_is_marked_as_a_python_object_with_its_parameters.<locals>.LocalVariant"
+    name = f"{__name__}.{LocalVariant.__qualname__}"
+    assert name.endswith("<locals>.LocalVariant")
     assert summary["algorithm"] == f"python:{name}"
     assert summary["algorithm_params"]["lr"] == 0.1
     text = (tmp_path / "r" / "config.yaml").read_text()
@@ -100,8 +113,15 @@ def test_a_registered_class_is_recorded_by_its_name_and_options(tmp_path):
             self.boost = boost
 
     try:
-        algorithm = Boosted(boost=2.5, clients_per_round=3, local_steps=1, lr=0.2,
-                            clip_norm=1.0, noise_multiplier=1.0, sampling_rate=0.2)
+        algorithm = Boosted(
+            boost=2.5,
+            clients_per_round=3,
+            local_steps=1,
+            lr=0.2,
+            clip_norm=1.0,
+            noise_multiplier=1.0,
+            sampling_rate=0.2,
+        )
         raydpfl.run_simulation(CONFIG, algorithm=algorithm, run_dir=tmp_path / "r")
         recorded = load_config(tmp_path / "r" / "config.yaml")
     finally:
@@ -148,12 +168,19 @@ def test_more_workers_than_cores_is_refused_and_the_same_out_is_accepted_again(t
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
 
     def run(*sets: str) -> subprocess.CompletedProcess:
-        args = [sys.executable, "-m", "raydpfl", "run", str(config), "--out", str(out),
-                "--no-progress"]
+        args = [
+            sys.executable,
+            "-m",
+            "raydpfl",
+            "run",
+            str(config),
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
         for s in sets:
             args += ["--set", s]
-        return subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO,
-                              timeout=300)
+        return subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
     refused = run(f"runtime.workers={4 * (os.cpu_count() or 2)}")
 

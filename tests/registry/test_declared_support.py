@@ -16,14 +16,17 @@ BASE = {
         "data": {
             "dataset": "synthetic",
             "num_clients": 8,
-            "synthetic": {"num_features": 10, "num_classes": 3, "min_samples": 40,
-                          "max_samples": 60},
+            "synthetic": {
+                "num_features": 10,
+                "num_classes": 3,
+                "min_samples": 40,
+                "max_samples": 60,
+            },
             "client_test_fraction": 0.2,
         },
         "model": {"name": "logreg"},
         "algorithm": {"rounds": 4, "clients_per_round": 6, "local_steps": 2, "lr": 0.3},
-        "privacy": {"epsilon": 20.0, "delta": 1e-3, "noise_multiplier": 1.0,
-                    "sampling_rate": 0.2},
+        "privacy": {"epsilon": 20.0, "delta": 1e-3, "noise_multiplier": 1.0, "sampling_rate": 0.2},
     },
     "runtime": {"backend": "local", "seed": 3, "progress": False},
 }
@@ -55,11 +58,17 @@ def test_an_algorithm_that_does_not_declare_them_is_refused_dropout_and_server(p
         pass
 
     plugin_names.append("undeclared_dpfedavg")
-    with pytest.raises(ConfigError, match=r"^experiment\.algorithm\.dropout: is for .*not "
-                       r"'undeclared_dpfedavg'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^experiment\.algorithm\.dropout: is for .*not "
+        r"'undeclared_dpfedavg'",
+    ):
         config_from_dict(_raw("undeclared_dpfedavg", dropout=0.3))
-    with pytest.raises(ConfigError, match=r"^experiment\.algorithm\.server: is for .*not "
-                       r"'undeclared_dpfedavg'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^experiment\.algorithm\.server: is for .*not "
+        r"'undeclared_dpfedavg'",
+    ):
         config_from_dict(_raw("undeclared_dpfedavg", server=DROPOUT_AND_SERVER["server"]))
 
 
@@ -111,6 +120,7 @@ def test_audit_support_is_declared_and_checked(plugin_names):
     assert auditable()["audited_dpfedavg"] == "record"
     assert "audited_dpfedavg" not in loop_auditable()
     assert "refused_audit" not in auditable()
-    with pytest.raises(registry.RegistryError, match="audit must be one of dp_fedavg, "
-                       "dp_sgd_loop, client"):
+    with pytest.raises(
+        registry.RegistryError, match="audit must be one of dp_fedavg, dp_sgd_loop, client"
+    ):
         raydpfl.register_algorithm("bad_audit", audit="white_box")

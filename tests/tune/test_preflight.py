@@ -87,7 +87,8 @@ def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path, capsys):
     path = _sweep_file(tmp_path)
 
     err = _one_line_exit_2(
-        capsys, ["tune", str(path), "--plugin", str(tmp_path / "nope.py"), "--out", str(tmp_path / "o")]
+        capsys,
+        ["tune", str(path), "--plugin", str(tmp_path / "nope.py"), "--out", str(tmp_path / "o")],
     )
 
     assert "--plugin" in err and "nope.py" in err
@@ -211,3 +212,38 @@ def test_plugins_given_to_a_sweep_travel_as_absolute_paths(tmp_path, monkeypatch
     sweep = load_sweep_file(path, plugins=("elsewhere/my_algos.py", "json"))
 
     assert sweep.plugins == (str(plugin.resolve()), "json")
+
+
+@pytest.mark.slow  # starts Ray (tens of seconds on 2 cores)
+@pytest.mark.ray
+def test_a_trial_the_cluster_cannot_fit_exits_2_in_one_line_instead_of_waiting(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    path = _sweep_file(
+        tmp_path,
+        runtime={
+            "backend": "ray",
+            "workers": 64,
+            "cpus_per_worker": 1.0,
+            "aggregation_groups": 64,
+        },
+    )
+    out = tmp_path / "out"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "raydpfl", "tune", str(path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=repo,
+        timeout=300,
+    )
+
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "runtime.cpus_per_worker: one trial needs 64.25 CPUs" in done.stderr
+    assert not out.exists()

@@ -14,11 +14,14 @@ from raydpfl.config import ConfigError
 CONFIG = {
     "experiment": {
         "name": "python-sweep",
-        "data": {"dataset": "digits", "num_clients": 6, "partition": {"kind": "iid"},
-                 "client_test_fraction": 0.2},
+        "data": {
+            "dataset": "digits",
+            "num_clients": 6,
+            "partition": {"kind": "iid"},
+            "client_test_fraction": 0.2,
+        },
         "algorithm": {"rounds": 2, "clients_per_round": 3, "local_steps": 1},
-        "privacy": {"epsilon": 50.0, "delta": 1e-3, "noise_multiplier": 1.0,
-                    "sampling_rate": 0.2},
+        "privacy": {"epsilon": 50.0, "delta": 1e-3, "noise_multiplier": 1.0, "sampling_rate": 0.2},
     },
     "runtime": {"backend": "local", "seed": 5},
 }
@@ -69,14 +72,21 @@ def test_a_tiny_sweep_from_python_returns_its_table_with_the_users_objects(clean
     assert seen[-1]["done"] == seen[-1]["total"] == 2
     # Each trial is the simulation of its config with the same objects, bit for bit.
     for r in rows:
-        overrides = ["algorithm.name=NotebookDPFedAvg", f"algorithm.lr={r['experiment.algorithm.lr']}"]
+        overrides = [
+            "algorithm.name=NotebookDPFedAvg",
+            f"algorithm.lr={r['experiment.algorithm.lr']}",
+        ]
         alone = raydpfl.run_simulation(CONFIG, overrides=overrides, model=small_mlp)
         assert alone.model_sha256 == r["model_sha256"]
 
 
 def test_an_algorithm_instance_is_refused_before_any_work():
     instance = NotebookDPFedAvg(
-        clients_per_round=3, local_steps=1, lr=0.1, clip_norm=1.0, noise_multiplier=1.0,
+        clients_per_round=3,
+        local_steps=1,
+        lr=0.1,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
         sampling_rate=0.2,
     )
 
@@ -85,5 +95,7 @@ def test_an_algorithm_instance_is_refused_before_any_work():
 
 
 def test_a_bad_space_is_a_named_config_error():
-    with pytest.raises(ConfigError, match=r"^tune\.space\.experiment\.algorithm\.lrr: .*did you mean .lr."):
+    with pytest.raises(
+        ConfigError, match=r"^tune\.space\.experiment\.algorithm\.lrr: .*did you mean .lr."
+    ):
         raydpfl.run_sweep(CONFIG, {"algorithm.lrr": {"grid": [0.1]}})

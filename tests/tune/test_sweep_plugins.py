@@ -38,17 +38,33 @@ def _sweep(tmp_path: Path, algorithm: str, runtime: dict) -> Path:
     raw = {
         "experiment": {
             "name": "plugin-sweep",
-            "data": {"dataset": "digits", "num_clients": 6, "partition": {"kind": "iid"},
-                     "client_test_fraction": 0.2},
+            "data": {
+                "dataset": "digits",
+                "num_clients": 6,
+                "partition": {"kind": "iid"},
+                "client_test_fraction": 0.2,
+            },
             "model": {"name": "logreg"},
-            "algorithm": {"name": algorithm, "rounds": 2, "clients_per_round": 3,
-                          "local_steps": 1, "lr": 0.5},
-            "privacy": {"epsilon": 50.0, "delta": 1e-3, "noise_multiplier": 1.0,
-                        "sampling_rate": 0.2},
+            "algorithm": {
+                "name": algorithm,
+                "rounds": 2,
+                "clients_per_round": 3,
+                "local_steps": 1,
+                "lr": 0.5,
+            },
+            "privacy": {
+                "epsilon": 50.0,
+                "delta": 1e-3,
+                "noise_multiplier": 1.0,
+                "sampling_rate": 0.2,
+            },
         },
         "runtime": {"checkpoint_every": 1, **runtime},
-        "tune": {"max_concurrent_trials": 1, "server_cpus": 0.5,
-                 "space": {"algorithm.lr": {"grid": [0.1, 0.5]}}},
+        "tune": {
+            "max_concurrent_trials": 1,
+            "server_cpus": 0.5,
+            "space": {"algorithm.lr": {"grid": [0.1, 0.5]}},
+        },
     }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -67,7 +83,11 @@ def _tune(*args: str) -> subprocess.CompletedProcess:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "raydpfl", "tune", *args, "--quiet"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO,
     )
 
 
@@ -75,8 +95,9 @@ def _tune(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.ray
 def test_a_plugin_from_another_folder_sweeps_on_ray_and_resumes_without_unpickling(tmp_path):
     plugin = _plugin(tmp_path)
-    path = _sweep(tmp_path, "elsewhere_dpfedavg",
-                  {"backend": "ray", "workers": 1, "cpus_per_worker": 0.5})
+    path = _sweep(
+        tmp_path, "elsewhere_dpfedavg", {"backend": "ray", "workers": 1, "cpus_per_worker": 0.5}
+    )
     out = tmp_path / "out"
 
     done = _tune(str(path), "--plugin", str(plugin), "--out", str(out))
