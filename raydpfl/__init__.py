@@ -25,6 +25,7 @@ _EXPORTS = {
     "SimulationResult": "raydpfl.api",
     "to_config": "raydpfl.api",
     "run_sweep": "raydpfl.api",
+    "resume_sweep": "raydpfl.api",
     "SweepResult": "raydpfl.api",
     "SweepFailedError": "raydpfl.api",
     "Config": "raydpfl.config",

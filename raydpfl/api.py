@@ -56,6 +56,7 @@ __all__ = [
     "SweepFailedError",
     "SweepResult",
     "run_simulation",
+    "resume_sweep",
     "run_sweep",
     "to_config",
 ]
@@ -328,6 +329,44 @@ def run_sweep(
         return _sweep_result(
             execute_sweep(sweep, out, verbose=verbose, on_progress=on_progress), keep=False
         )
+
+
+def resume_sweep(
+    sweep_dir: str | Path,
+    *,
+    algorithm: type[Algorithm] | Callable[..., Algorithm] | None = None,
+    model: Callable[[], torch.nn.Module] | None = None,
+    plugins: Sequence[str] = (),
+    verbose: int = 0,
+    on_progress: Callable[[Mapping[str, Any]], None] | None = None,
+) -> SweepResult:
+    """Continues an interrupted sweep (`raydpfl tune --resume` from Python): the same
+    trials, from the directory's own sweep.yaml and sweep_state.json (no pickle is ever
+    loaded); finished trials replay, unfinished ones continue from their checkpoints.
+
+    Args:
+        sweep_dir: The directory `run_sweep` (or `raydpfl tune`) wrote.
+        algorithm, model: The Python objects the sweep ran with, again (a sweep that used
+            them is refused without them, or with others).
+        plugins: Modules or files to import besides those the sweep recorded.
+        verbose, on_progress: As in `run_sweep`.
+
+    Raises:
+        ConfigError: Not a resumable sweep directory, or its Python objects are missing
+            or differ.
+        SweepFailedError: Every trial failed.
+    """
+    from raydpfl.experiment.plugins import import_plugins
+    from raydpfl.tune.sweep import resume_sweep as resume
+
+    quiet_ray()
+    import_plugins(list(plugins))
+    if algorithm is not None:
+        _registered_name(algorithm)
+    summary = resume(
+        Path(sweep_dir), verbose, tuple(plugins), on_progress=on_progress, model=model
+    )
+    return _sweep_result(summary, keep=True)
 
 
 def _raw_config(config: Any, read_yaml: Callable[[Path], Any]) -> dict[str, Any]:

@@ -76,11 +76,19 @@ def _draw(d: Dimension, rng: np.random.Generator) -> Any:
 
 
 class SweepState:
-    """`STATE_FILE`: the trials (key → parameters, Tune status) and the plug-ins."""
+    """`STATE_FILE`: the trials (key → parameters, Tune status), the plug-ins, and the
+    Python objects the trials used instead of config entries (``{"model":
+    "python:my_module.MyNet"}``: such a sweep resumes from Python only)."""
 
-    def __init__(self, path: Path, plugins: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        path: Path,
+        plugins: tuple[str, ...] = (),
+        objects: Mapping[str, str] | None = None,
+    ) -> None:
         self.path = path
         self.plugins = tuple(plugins)
+        self.objects = dict(objects or {})
         self.params: dict[str, dict[str, Any]] = {}
         self.status: dict[str, str] = {}
         self._claimed: set[str] = set()
@@ -105,7 +113,8 @@ class SweepState:
             data = json.loads(path.read_text(encoding="utf-8"))
             if data.get("format") != STATE_FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, expected {STATE_FORMAT}")
-            state = cls(path, tuple(str(p) for p in data.get("plugins", ())))
+            objects = {str(k): str(v) for k, v in dict(data.get("objects", {})).items()}
+            state = cls(path, tuple(str(p) for p in data.get("plugins", ())), objects)
             for row in data["trials"]:
                 key = str(row["key"])
                 state.params[key] = {str(k): v for k, v in dict(row["params"]).items()}
@@ -120,6 +129,7 @@ class SweepState:
         data = {
             "format": STATE_FORMAT,
             "plugins": list(self.plugins),
+            "objects": self.objects,
             "trials": [
                 {"key": k, "params": self.params[k], "status": self.status.get(k)}
                 for k in sorted(self.params)

@@ -261,7 +261,7 @@ def _run_sweep(
         text = {**sweep.base_raw, "tune": sweep.tune_raw}
         (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(text, sort_keys=False), "utf-8")
         (sweep_dir / TRIALS_DIR).mkdir()
-        state = SweepState(sweep_dir / STATE_FILE, sweep.plugins)
+        state = SweepState(sweep_dir / STATE_FILE, sweep.plugins, python_objects(sweep))
         if sweep.spec.search == "random":
             state.params.update(plan_trials(sweep.spec, sweep.sampling_seed()))
         state.write()
@@ -350,18 +350,38 @@ def _total_trials(sweep: Sweep, state: SweepState) -> int:
     return len(state.params) if sweep.spec.search == "random" else sweep.spec.num_trials()
 
 
+def python_objects(sweep: Sweep) -> dict[str, str]:
+    """The Python objects a sweep's trials use instead of config entries: the model
+    factory, and user entries not from a ``--plugin`` (registered from Python)."""
+    from raydpfl.experiment.record import PYTHON_PREFIX, object_name
+
+    out = {}
+    if sweep.model is not None:
+        out["model"] = PYTHON_PREFIX + object_name(sweep.model)
+    plugin_modules = {Path(p).stem if p.endswith(".py") else p for p in sweep.plugins}
+    for entry in sweep.entries:
+        module = str(getattr(entry.target, "__module__", ""))
+        if module not in plugin_modules:
+            out[entry.kind] = PYTHON_PREFIX + object_name(entry.target)
+    return out
+
+
 def resume_sweep(
     sweep_dir: Path,
     verbose: int = 0,
     plugins: tuple[str, ...] = (),
     on_progress: Callable[[Mapping[str, Any]], None] | None = None,
+    model: Any = None,
 ) -> dict[str, Any]:
     """Continues an interrupted sweep from its directory: its own sweep.yaml and
-    sweep_state.json (the plug-ins it recorded are imported again, then `plugins`).
+    sweep_state.json (the plug-ins it recorded are imported again, then `plugins`). A
+    sweep whose trials used Python objects needs them again (`model`; an algorithm or
+    dataset registered in this process under the recorded name), with the same names.
 
     Raises:
-        ConfigError: Not a sweep directory, or one without raydpfl's state (nothing of
-            Ray Tune's pickled state is ever loaded).
+        ConfigError: Not a sweep directory, one without raydpfl's state (nothing of
+            Ray Tune's pickled state is ever loaded), or one whose Python objects are
+            missing or differ.
     """
     from raydpfl.experiment.plugins import import_plugins
 
@@ -372,7 +392,17 @@ def resume_sweep(
     state = SweepState.read(sweep_dir)
     specs = tuple(dict.fromkeys((*state.plugins, *plugin_specs(plugins))))
     import_plugins(specs)
-    sweep = load_sweep_file(sweep_dir / SWEEP_FILE, plugins=specs)
+    sweep = replace(load_sweep_file(sweep_dir / SWEEP_FILE, plugins=specs), model=model)
+    now = python_objects(sweep)
+    for kind, recorded in state.objects.items():
+        if now.get(kind) != recorded:
+            raise ConfigError(
+                "resume",
+                f"the sweep's trials ran the {kind} {recorded.removeprefix('python:')} "
+                f"from Python, not {now.get(kind, 'the config entry').removeprefix('python:')}; "
+                "resume it from Python with the same object: "
+                f"raydpfl.resume_sweep({str(sweep_dir)!r}, {kind}=...)",
+            )
     return execute_sweep(sweep, sweep_dir, resume=True, verbose=verbose, on_progress=on_progress)
 
 

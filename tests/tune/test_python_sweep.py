@@ -99,3 +99,29 @@ def test_a_bad_space_is_a_named_config_error():
         ConfigError, match=r"^tune\.space\.experiment\.algorithm\.lrr: .*did you mean .lr."
     ):
         raydpfl.run_sweep(CONFIG, {"algorithm.lrr": {"grid": [0.1]}})
+
+
+def test_a_sweep_that_ran_python_objects_is_not_resumed_without_them(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from raydpfl.cli.main import main
+
+    sweep_dir = tmp_path / "sweep"
+    (sweep_dir / "trials").mkdir(parents=True)
+    (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump({**CONFIG, "tune": {"space": SPACE}}))
+    recorded = f"python:{__name__}.small_mlp"
+    state = {"format": 1, "plugins": [], "objects": {"model": recorded}, "trials": []}
+    (sweep_dir / "sweep_state.json").write_text(json.dumps(state))
+
+    code = main(["tune", "--resume", str(sweep_dir)])
+
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"ran the model {__name__}.small_mlp from Python" in err
+    assert "raydpfl.resume_sweep(" in err
+    with pytest.raises(ConfigError, match="not the config entry"):
+        raydpfl.resume_sweep(sweep_dir)
+    with pytest.raises(ConfigError, match="from Python, not .*torch.nn"):
+        raydpfl.resume_sweep(sweep_dir, model=torch.nn.Identity)
