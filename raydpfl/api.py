@@ -55,8 +55,8 @@ __all__ = [
     "SimulationResult",
     "SweepFailedError",
     "SweepResult",
-    "run_simulation",
     "resume_sweep",
+    "run_simulation",
     "run_sweep",
     "to_config",
 ]
