@@ -368,10 +368,12 @@ def _add_tune_command(sub: argparse._SubParsersAction) -> None:
     )
     tun.add_argument("--quiet", action="store_true", help="no progress line")
     tun.add_argument(
+        "-v",
         "--verbose",
         action="count",
         default=0,
-        help="Ray Tune's own status tables instead of the progress line (-vv: more)",
+        help="Ray Tune's own status tables and trial errors instead of the progress line "
+        "(-vv: more detail)",
     )
     tun.set_defaults(handler=_cmd_tune)
 
