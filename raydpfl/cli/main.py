@@ -106,6 +106,8 @@ def _how_to_resume(args: argparse.Namespace) -> str:
     """What was kept and the exact command that continues the run."""
     sweep_dir = getattr(args, "sweep_dir", None)
     if sweep_dir is not None:
+        if not (Path(sweep_dir) / "sweep_state.json").is_file():
+            return "nothing was started"  # stopped in the pre-flight, before its directory
         return f"continue the sweep with: raydpfl tune --resume {shlex.quote(str(sweep_dir))}"
     run_dir = getattr(args, "run_dir", None)
     if run_dir is None:
