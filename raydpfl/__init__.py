@@ -4,6 +4,7 @@ From Python (see README "Use it from Python" and docs/architecture.md):
 
     import raydpfl
     result = raydpfl.run_simulation("configs/quickstart.yaml", model=MyNet, algorithm=...)
+    sweep = raydpfl.run_sweep("configs/quickstart.yaml", {"algorithm.lr": {"grid": [0.1, 0.5]}})
 
 A new algorithm, model or dataset is registered by name (`register_algorithm`,
 `register_model`, `register_dataset`; see `raydpfl.registry`) and then named in a config
@@ -23,6 +24,10 @@ _EXPORTS = {
     "run_simulation": "raydpfl.api",
     "SimulationResult": "raydpfl.api",
     "to_config": "raydpfl.api",
+    "run_sweep": "raydpfl.api",
+    "resume_sweep": "raydpfl.api",
+    "SweepResult": "raydpfl.api",
+    "SweepFailedError": "raydpfl.api",
     "Config": "raydpfl.config",
     "ConfigError": "raydpfl.config",
     "load_config": "raydpfl.config",

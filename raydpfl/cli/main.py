@@ -106,6 +106,8 @@ def _how_to_resume(args: argparse.Namespace) -> str:
     """What was kept and the exact command that continues the run."""
     sweep_dir = getattr(args, "sweep_dir", None)
     if sweep_dir is not None:
+        if not (Path(sweep_dir) / "sweep_state.json").is_file():
+            return "nothing was started"  # stopped in the pre-flight, before its directory
         return f"continue the sweep with: raydpfl tune --resume {shlex.quote(str(sweep_dir))}"
     run_dir = getattr(args, "run_dir", None)
     if run_dir is None:
@@ -358,9 +360,23 @@ def _add_tune_command(sub: argparse._SubParsersAction) -> None:
     )
     tun.add_argument("config", nargs="?", help="path to the sweep file")
     _add_set(tun)
+    _add_plugin(tun)
     tun.add_argument("--out", help="sweep directory (default runtime.output/<name>-sweep-<time>)")
-    tun.add_argument("--resume", metavar="SWEEP_DIR", help="continue an interrupted sweep")
-    tun.add_argument("--quiet", action="store_true", help="no Ray Tune progress table")
+    tun.add_argument(
+        "--resume",
+        metavar="SWEEP_DIR",
+        help="continue an interrupted sweep (from raydpfl's own JSON state; Ray Tune's "
+        "pickled state is never loaded); its plug-ins are imported again",
+    )
+    tun.add_argument("--quiet", action="store_true", help="no progress line")
+    tun.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="Ray Tune's own status tables and trial errors instead of the progress line "
+        "(-vv: more detail)",
+    )
     tun.set_defaults(handler=_cmd_tune)
 
 
@@ -838,28 +854,84 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from raydpfl.tune.sweep import load_sweep_file, resume_sweep, run_sweep
+    from raydpfl.tune.sweep import execute_sweep, load_sweep_file, resume_sweep
 
-    verbose = 0 if args.quiet else 1
-    if args.resume:
-        if args.config is not None or args.out or args.overrides:
-            raise ConfigError("resume", "--resume takes the sweep's own sweep.yaml and directory")
-        args.sweep_dir = Path(args.resume)
-        summary = resume_sweep(args.sweep_dir, verbose=verbose)
-    else:
-        if args.config is None:
-            raise ConfigError("config", "give a sweep file, or --resume SWEEP_DIR")
-        sweep = load_sweep_file(args.config, tuple(args.overrides))
-        out = (
-            Path(args.out)
-            if args.out
-            else _default_run_dir(sweep.base.runtime.output, f"{sweep.base.experiment.name}-sweep")
-        )
-        args.sweep_dir = out
-        summary = run_sweep(sweep, out, verbose=verbose)
+    if args.quiet and args.verbose:
+        raise ConfigError("--quiet", "--quiet and --verbose exclude each other")
+    progress = None if args.quiet or args.verbose else _SweepLine()
+    on_progress = None if progress is None else progress.update
+    try:
+        if args.resume:
+            if args.config is not None or args.out or args.overrides:
+                raise ConfigError(
+                    "resume", "--resume takes the sweep's own sweep.yaml and directory"
+                )
+            args.sweep_dir = Path(args.resume)
+            summary = resume_sweep(
+                args.sweep_dir, args.verbose, tuple(args.plugins), on_progress=on_progress
+            )
+        else:
+            if args.config is None:
+                raise ConfigError("config", "give a sweep file, or --resume SWEEP_DIR")
+            _import_plugins(args.plugins)
+            sweep = load_sweep_file(args.config, tuple(args.overrides), tuple(args.plugins))
+            out = (
+                Path(args.out)
+                if args.out
+                else _default_run_dir(
+                    sweep.base.runtime.output, f"{sweep.base.experiment.name}-sweep"
+                )
+            )
+            args.sweep_dir = out
+            summary = execute_sweep(sweep, out, verbose=args.verbose, on_progress=on_progress)
+    finally:
+        if progress is not None:
+            progress.close()
     _print_sweep(summary)
     if summary.get("interrupted"):  # Tune stopped gracefully; its state is saved
         return _interrupted(args, summary["interrupted"]["signal"])
+    return _sweep_failures(summary)
+
+
+class _SweepLine:
+    """The sweep's progress as one tqdm bar over trials (Tune's tables stay off)."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def update(self, p: Mapping[str, Any]) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=p["total"], desc="trials", unit="trial", dynamic_ncols=True)
+        post = {"running": p["running"], "failed": p["failed"]}
+        if p.get("best") is not None:
+            post[f"best {p['metric']}"] = f"{p['best']:.4f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(max(0, p["done"] - self.bar.n))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _sweep_failures(summary: Mapping[str, Any]) -> int:
+    """Exit 1 when every trial failed, saying how many and where the first error is; a
+    note when some did."""
+    failed = [r for r in summary["rows"] if r["status"] == "error"]
+    if not failed:
+        return 0
+    first = failed[0]
+    where = Path(summary["sweep_dir"]) / (first.get("error_file") or first["run_dir"])
+    error = first.get("error") or "unknown"
+    line = f"first error ({first['trial_id']}): {error}; traceback in {where}"
+    if len(failed) == len(summary["rows"]):
+        print(f"raydpfl: sweep failed: all {len(failed)} trials failed; {line}", file=sys.stderr)
+        return 1
+    print(
+        f"raydpfl: note: {len(failed)} of {len(summary['rows'])} trials failed; {line}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -901,6 +973,7 @@ def _print_sweep(summary: Mapping[str, Any]) -> None:
                 label = privacy[key.replace("_max", "") + "_label"]
                 print(f"{key} = {eps:.4g} ({label})")
     print(f"sweep directory: {summary['sweep_dir']}")
+    print(f"figures and report.md: raydpfl report {shlex.quote(str(summary['sweep_dir']))}")
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -979,6 +1052,7 @@ def _print_summary(summary: Mapping[str, Any]) -> None:
         print(f"stopped early: {summary['stop_reason']}")
     if "run_dir" in summary:
         print(f"outputs: {summary['run_dir']}")
+        print(f"figures and report.md: raydpfl report {shlex.quote(str(summary['run_dir']))}")
 
 
 def _epsilon_words(summary: Mapping[str, Any]) -> str:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import difflib
+from collections.abc import Iterable, Iterator
 
 
 class ConfigError(ValueError):
@@ -22,6 +23,16 @@ class ConfigError(ValueError):
         """The same error with `prefix` prepended to its field path."""
         path = f"{prefix}.{self.field}" if self.field else prefix
         return ConfigError(path, self.message)
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the choice closest to a mistyped `word`, or ``""``
+    when none is close (`difflib`'s ratio >= 0.6: one or two letters off in a short
+    word, a swapped pair, a missing underscore)."""
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _check(ok: bool, name: str, message: str) -> None:

@@ -11,7 +11,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from raydpfl.config._base import ConfigError
+from raydpfl.config._base import ConfigError, did_you_mean
 
 T = TypeVar("T")
 
@@ -32,7 +32,8 @@ def from_mapping(cls: type[T], data: Any, path: str) -> T:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        raise ConfigError(where, f"unknown key; allowed here: {', '.join(fields)}")
+        hint = did_you_mean(unknown[0], fields)
+        raise ConfigError(where, f"unknown key{hint}; allowed here: {', '.join(fields)}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name in fields:
@@ -61,7 +62,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             value = "on" if value else "off"
         if value not in allowed:
             raise ConfigError(
-                path, f"must be one of {', '.join(map(str, allowed))}; got {value!r}"
+                path,
+                f"must be one of {', '.join(map(str, allowed))}; got {value!r}"
+                + did_you_mean(value, [str(a) for a in allowed]),
             )
         return value
     if dataclasses.is_dataclass(tp):

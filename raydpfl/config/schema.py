@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raydpfl import registry
-from raydpfl.config._base import ConfigError, _check
+from raydpfl.config._base import ConfigError, _check, did_you_mean
 from raydpfl.config._mapping import from_mapping
 from raydpfl.config.cluster_shift import ClusterShiftConfig
 
@@ -31,7 +31,9 @@ def _check_name(kind: registry.Kind, name: str, builtins: tuple[str, ...], field
         return
     extra = [n for n in registry.names(kind) if n not in builtins]
     allowed = ", ".join((*builtins, *extra))
-    hint = (
+    # A near miss is a typo: say which name; otherwise perhaps the user's own, not loaded.
+    close = did_you_mean(name, (*builtins, *extra))
+    hint = close or (
         f" (your own {kind}? load its file with `--plugin FILE`, or register it in Python "
         "before run_simulation)"
     )
@@ -127,10 +129,12 @@ BUILTIN_DATASETS: tuple[str, ...] = (
 #: Datasets with real-valued targets (MSE loss, test MSE reported).
 REGRESSION_DATASETS: tuple[str, ...] = ("diabetes",)
 #: The registry tag of a model with one real output, or an algorithm with an MSE loss.
-REGRESSION_TAG = "regression"
+REGRESSION_TAG = registry.REGRESSION_TAG
 #: The registry tag of an algorithm whose server applies one weighted-mean update per
 #: round, and so takes a server optimizer (`experiment.algorithm.server`).
-SERVER_OPTIMIZER_TAG = "server_optimizer"
+SERVER_OPTIMIZER_TAG = registry.SERVER_OPTIMIZER_TAG
+#: The registry tag of an algorithm whose server averages whatever arrives (dropout).
+DROPOUT_TAG = registry.DROPOUT_TAG
 DatasetName = Literal[BUILTIN_DATASETS]  # type: ignore[valid-type]
 PartitionKind = Literal[
     "iid",
@@ -583,9 +587,18 @@ class AlgorithmConfig:
 
     def _check_dropout(self) -> None:
         """Dropout needs a server that averages whatever arrives: the server-optimizer
-        algorithms, and client-level DP-FedAvg with central noise (with distributed noise
-        a lost client's noise share would be missing from the release)."""
-        takes = (*server_optimizer_algorithms(), "dp_fedavg_client")
+        algorithms, those registered with ``dropout=True`` (`DROPOUT_TAG`), and
+        client-level DP-FedAvg with central noise (with distributed noise a lost client's
+        noise share would be missing from the release)."""
+        takes = tuple(
+            dict.fromkeys(
+                (
+                    *server_optimizer_algorithms(),
+                    "dp_fedavg_client",
+                    *registry.tagged("algorithm", DROPOUT_TAG),
+                )
+            )
+        )
         _check(
             self.name in takes,
             "dropout",

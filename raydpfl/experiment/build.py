@@ -7,8 +7,9 @@ here (or in the schema) before any training or Ray work starts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from raydpfl.experiment.plugins import (
     registered_model_factory,
 )
 from raydpfl.experiment.privacy_settings import apply_noise_mode
+from raydpfl.experiment.record import record_run
 from raydpfl.simulation.backend import Backend, worker_threads
 from raydpfl.simulation.experiment import Experiment, make_server
 from raydpfl.simulation.integrity import ResumeError, read_manifest
@@ -49,6 +51,8 @@ from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed, numpy_rng
 from raydpfl.simulation.worker import ClientWorker, ModelSpec, resolve_device
 
 Params = dict[str, torch.Tensor]
+#: The run's resolved config, the first file a run writes.
+CONFIG_FILE = "config.yaml"
 
 
 def build_experiment(
@@ -76,6 +80,7 @@ def build_experiment(
     """
     exp, rt = config.experiment, config.runtime
     _check_user_objects(dataset, model, algorithm)
+    given = {"algorithm": algorithm, "model": model, "dataset": dataset}  # from Python
     preflight(config, dataset_given=dataset is not None, algorithm_given=algorithm is not None)
     if rt.threads is not None:
         torch.set_num_threads(rt.threads)
@@ -109,6 +114,9 @@ def build_experiment(
     noise = _checked_noise_source(config)
     apply_noise_mode(algorithm, privacy, noise.secure_noise, noise.noise_sampler)
     metadata["privacy"] = privacy
+    # config.yaml and summary.json say what ran: the objects given, not the config's keys.
+    record = record_run(config, net=net, **given)
+    metadata.update(record.summary)
     extra = _unaccounted_data_releases(config)
     return Experiment(
         config=config,
@@ -120,6 +128,7 @@ def build_experiment(
         device=device,
         metadata=metadata,
         extra_unaccounted=extra,
+        recorded_config=record.config_text,
     )
 
 
@@ -487,7 +496,40 @@ def _run_experiment(
         assert run_dir is not None
         check_resume(run_dir, exp.config)
     if run_dir is not None and not resume:
-        RunWriter(run_dir).write_config(dump_config(exp.config))
+        with _undone_if_refused(run_dir):
+            RunWriter(run_dir).write_config(exp.recorded_config or dump_config(exp.config))
+            return _watched_run(
+                exp, run_dir, on_round, resume, server_in_process, callbacks, temporary
+            )
+    return _watched_run(exp, run_dir, on_round, resume, server_in_process, callbacks, temporary)
+
+
+@contextlib.contextmanager
+def _undone_if_refused(run_dir: Path) -> Iterator[None]:
+    """A fresh run refused before it wrote anything but its config.yaml (the Ray cluster
+    cannot fit its workers, Ctrl-C while Ray starts) takes config.yaml back: the
+    directory is left as it was found (empty, or absent apart from its lock), so the
+    same ``--out`` is accepted again."""
+    before = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        made = {p.name for p in run_dir.iterdir()} - before if run_dir.is_dir() else set()
+        if made <= {CONFIG_FILE}:
+            with contextlib.suppress(OSError):
+                (run_dir / CONFIG_FILE).unlink()
+        raise
+
+
+def _watched_run(
+    exp: Experiment,
+    run_dir: Path | None,
+    on_round: Callable[[Mapping[str, Any]], None] | None,
+    resume: bool,
+    server_in_process: bool,
+    callbacks: Sequence[Callback],
+    temporary: bool,
+) -> dict[str, Any]:
     watchers = [*callbacks_from_names(parse_callback_names(exp.config.runtime.callbacks))]
     watchers += list(callbacks)
     try:

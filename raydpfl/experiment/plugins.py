@@ -7,12 +7,16 @@ a registered algorithm is built here from its entry:
   looked up in this order: the options dataclass (``experiment.algorithm.options``),
   ``experiment.algorithm`` (rounds, clients_per_round, local_steps, lr, batch_size) and
   ``experiment.privacy`` (clip_norm, noise_multiplier, sampling_rate, epsilon, delta,
-  accountant); a null ``noise_multiplier`` is calibrated so that rounds × local_steps
-  steps spend the budget;
+  accountant) and, for an entry registered with ``server=True``,
+  ``experiment.algorithm.server`` (server_optimizer, server_lr, server_momentum,
+  server_beta2, server_adam_eps, aggregator, trim_fraction); a null
+  ``noise_multiplier`` is calibrated so that rounds × local_steps steps spend the budget;
 - a function is called with a `BuildContext` and returns the `Algorithm`.
 
 Either way, a private algorithm gets the ledger of the config's accountant, δ and
 per-client ε budget, and the server charges each task's declared cost before dispatch.
+
+`import_plugins` is what ``--plugin`` does, in every command and in every Tune trial.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,16 +54,57 @@ class BuildContext:
         options: The entry's options (an instance of its options dataclass), or None.
         dataset: The federated dataset (client sizes: ``dataset.train_sizes()``).
         model: The initial model (e.g. to count parameters).
+        server_optimizer: The entry was registered with ``server=True``: it takes
+            ``experiment.algorithm.server`` (`raydpfl.register_algorithm`).
     """
 
     config: Config
     options: Any
     dataset: FederatedDataset
     model: torch.nn.Module
+    server_optimizer: bool = False
 
     def noise_multiplier(self, steps: int) -> float:
         """σ from ``experiment.privacy``, or calibrated so `steps` steps spend ε."""
         return noise_multiplier(self.config.experiment.privacy, steps)[0]
+
+
+def import_plugins(plugins: Sequence[str]) -> None:
+    """Imports each ``--plugin``: a module name (``my_pkg.algos``) or a ``.py`` file from
+    any path, imported as the module of its stem (so that its ``raydpfl.register_*``
+    calls run); a file already imported from the same path is not imported again.
+
+    Raises:
+        ConfigError: Under ``--plugin``: no such file, or its import failed (the error in
+            one line).
+    """
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    for plugin in plugins:
+        path = Path(plugin)
+        try:
+            if plugin.endswith(".py"):
+                if not path.is_file():
+                    raise ConfigError("--plugin", f"no such file {plugin!r}")
+                module = sys.modules.get(path.stem)
+                if module is None or getattr(module, "__file__", None) != str(path):
+                    spec = importlib.util.spec_from_file_location(path.stem, path)
+                    assert spec is not None and spec.loader is not None
+                    module = importlib.util.module_from_spec(spec)
+                    sys.modules[path.stem] = module
+                    spec.loader.exec_module(module)
+            else:
+                importlib.import_module(plugin)
+        except ConfigError:
+            raise
+        except Exception as e:
+            text = " ".join(str(e).split())
+            raise ConfigError(
+                "--plugin", f"cannot import {plugin!r}: {type(e).__name__}: {text}"
+            ) from None
 
 
 def parse_options(entry: registry.Entry, raw: Mapping[str, Any], field: str) -> Any:
@@ -136,7 +181,9 @@ def build_registered_algorithm(
         return entry.load()(config, dataset, model)
     options = parse_options(entry, algo.options, "experiment.algorithm.options")
     target = _load(entry, "experiment.algorithm.name")
-    context = BuildContext(config, options, dataset, model)
+    context = BuildContext(
+        config, options, dataset, model, registry.SERVER_OPTIMIZER_TAG in entry.tags
+    )
     if isinstance(target, type) and issubclass(target, Algorithm):
         algorithm = _construct(target, context)
     else:
@@ -181,6 +228,12 @@ def _construct(cls: type[Algorithm], context: BuildContext) -> Algorithm:
         {k: getattr(algo, k) for k in ("rounds", "clients_per_round", "local_steps", "lr")}
         | {"batch_size": algo.batch_size}
     )
+    if context.server_optimizer:
+        # Registered with server=True: experiment.algorithm.server as the arguments of
+        # ServerOptimizerMixin (server_optimizer, server_lr, ..., aggregator).
+        from raydpfl.experiment.builders.core import server_optimizer_kwargs
+
+        sources.append(server_optimizer_kwargs(context.config))
     sigma = privacy.noise_multiplier
     lazy_sigma: Callable[[], float] = functools.partial(
         context.noise_multiplier, algo.rounds * algo.local_steps

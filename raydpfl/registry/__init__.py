@@ -58,12 +58,28 @@ ENTRY_POINT_GROUPS: dict[Kind, str] = {
 #: The entry-point group of registration functions (``register() -> None``), called once.
 PLUGIN_GROUP = "raydpfl.plugins"
 
+#: Tags the core checks (`Entry.tags`; `register_algorithm`'s keyword arguments set them).
+#: An algorithm whose server averages whatever updates arrive (``algorithm.dropout``).
+DROPOUT_TAG = "dropout"
+#: An algorithm whose server applies one weighted-mean update per round, and so takes a
+#: server optimizer and aggregator (``experiment.algorithm.server``).
+SERVER_OPTIMIZER_TAG = "server_optimizer"
+#: A model with one real output, or an algorithm with an MSE loss.
+REGRESSION_TAG = "regression"
+#: How `raydpfl audit` can put canaries into an algorithm (its tag is ``audit:<kind>``).
+AUDIT_KINDS = ("dp_fedavg", "dp_sgd_loop", "client")
+
 __all__ = [
+    "AUDIT_KINDS",
+    "DROPOUT_TAG",
     "ENTRY_POINT_GROUPS",
     "KINDS",
     "PLUGIN_GROUP",
+    "REGRESSION_TAG",
+    "SERVER_OPTIMIZER_TAG",
     "Entry",
     "RegistryError",
+    "algorithm_tags",
     "entries",
     "get",
     "is_registered",
@@ -184,26 +200,119 @@ def unregister(kind: Kind, name: str) -> None:
     _ENTRIES[_check_kind(kind)].pop(name, None)
 
 
-def _decorator(kind: Kind, name: str | None, options: type | None, replace: bool) -> Callable:
+def _decorator(
+    kind: Kind,
+    name: str | None,
+    options: type | None,
+    replace: bool,
+    *,
+    section: str | None = None,
+    tags: tuple[str, ...] = (),
+    notes: Mapping[str, str] | None = None,
+) -> Callable:
     def wrap(target: Any) -> Any:
-        register(kind, name or target.__name__, target, options=options, replace=replace)
+        register(
+            kind,
+            name or target.__name__,
+            target,
+            options=options,
+            replace=replace,
+            section=section,
+            tags=tags,
+            notes=notes,
+        )
         return target
 
     return wrap
 
 
+def algorithm_tags(
+    *,
+    dropout: bool = False,
+    server: bool = False,
+    audit: str | None = None,
+    regression: bool = False,
+) -> tuple[str, ...]:
+    """The `Entry.tags` that `register_algorithm`'s keyword arguments declare.
+
+    Raises:
+        RegistryError: `audit` is not one of `AUDIT_KINDS`.
+    """
+    tags = []
+    if dropout:
+        tags.append(DROPOUT_TAG)
+    if server:
+        tags.append(SERVER_OPTIMIZER_TAG)
+    if audit is not None:
+        if audit not in AUDIT_KINDS:
+            raise RegistryError(
+                f"audit must be one of {', '.join(AUDIT_KINDS)} or None, got {audit!r}"
+            )
+        tags.append(f"audit:{audit}")
+    if regression:
+        tags.append(REGRESSION_TAG)
+    return tuple(tags)
+
+
 def register_algorithm(
-    name: str | None = None, *, options: type | None = None, replace: bool = False
+    name: str | None = None,
+    *,
+    options: type | None = None,
+    replace: bool = False,
+    section: str | None = None,
+    dropout: bool = False,
+    server: bool = False,
+    audit: str | None = None,
+    regression: bool = False,
+    notes: Mapping[str, str] | None = None,
 ) -> Callable:
-    """Decorator: registers an `Algorithm` subclass (or a builder function) by name."""
-    return _decorator("algorithm", name, options, replace)
+    """Decorator: registers an `Algorithm` subclass (or a builder function) by name.
+
+    The keyword arguments declare what the core checks before a run, without knowing the
+    algorithm by name (each becomes one of the entry's `Entry.tags`):
+
+    Args:
+        name: The config's ``experiment.algorithm.name`` (default: the target's name).
+        options: A dataclass of the algorithm's own options (``experiment.algorithm.
+            options``), validated strictly.
+        replace: Re-register a taken name (a notebook cell run twice).
+        section: A key under ``experiment.algorithm`` that also holds the options.
+        dropout: The server averages whatever updates arrive (its aggregate is a
+            weighted mean over the results it is given, a lost client simply absent), so
+            ``experiment.algorithm.dropout`` > 0 is allowed: each charged client's update
+            is then lost with that probability, its charge standing.
+        server: The server applies one weighted-mean update Δ̄ per round and takes a
+            server optimizer and a robust aggregator (``experiment.algorithm.server``).
+            A class opting in receives the settings as constructor keyword arguments
+            ``server_optimizer``, ``server_lr``, ``server_momentum``, ``server_beta2``,
+            ``server_adam_eps``, ``aggregator`` and ``trim_fraction`` (the arguments of
+            `raydpfl.algorithms.server_optimizers.ServerOptimizerMixin`, which DP-FedAvg
+            and FedAvg subclasses already have). Such a server averages what arrives, so
+            ``server=True`` allows ``dropout`` too.
+        audit: How `raydpfl audit` puts canaries into it (`AUDIT_KINDS`):
+            ``"dp_sgd_loop"`` (a record-level algorithm whose client half is the shared
+            DP-SGD loop, `raydpfl.dp_sgd_local_update`), ``"dp_fedavg"`` (DP-FedAvg's
+            own client half) or ``"client"`` (client-level DP-FedAvg); None: not
+            audited (say why in ``notes={"audit": ...}``, which the refusal quotes).
+        regression: It trains with an MSE loss (the only algorithms a regression
+            dataset may use).
+        notes: Facts in words, by topic (``{"audit": "why the audit refuses it"}``).
+    """
+    tags = algorithm_tags(dropout=dropout, server=server, audit=audit, regression=regression)
+    return _decorator("algorithm", name, options, replace, section=section, tags=tags, notes=notes)
 
 
 def register_model(
-    name: str | None = None, *, options: type | None = None, replace: bool = False
+    name: str | None = None,
+    *,
+    options: type | None = None,
+    replace: bool = False,
+    regression: bool = False,
 ) -> Callable:
-    """Decorator: registers ``factory(input_shape, num_classes, **options) -> nn.Module``."""
-    return _decorator("model", name, options, replace)
+    """Decorator: registers ``factory(input_shape, num_classes, **options) -> nn.Module``;
+    `regression`: one real output trained with an MSE loss (for regression datasets)."""
+    tags = (REGRESSION_TAG,) if regression else ()
+    return _decorator("model", name, options, replace, tags=tags)
 
 
 def register_dataset(

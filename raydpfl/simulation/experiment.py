@@ -37,6 +37,8 @@ class Experiment:
     device: str
     metadata: dict[str, Any] = field(default_factory=dict)
     extra_unaccounted: list[str] = field(default_factory=list)
+    #: config.yaml's text: what ran (`raydpfl.experiment.record`); None: the config's.
+    recorded_config: str | None = None
 
 
 def make_server(

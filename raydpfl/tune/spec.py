@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from raydpfl.config import did_you_mean
 from raydpfl.config.load import config_from_dict, dotted_path, set_dotted
 from raydpfl.config.schema import Config, ConfigError
 
@@ -139,6 +140,15 @@ class Sweep:
     base: Config
     spec: TuneSpec
     tune_raw: dict[str, Any] = field(default_factory=dict)  # the tune: section as written
+    #: ``--plugin`` modules and files (absolute paths), imported in every trial first.
+    plugins: tuple[str, ...] = ()
+    #: Registry entries (`raydpfl.registry.Entry`) of the user's own algorithm, model or
+    #: dataset the config names, registered again in each trial's process (their objects
+    #: travel with the sweep: by value when defined in a script or notebook).
+    entries: tuple[Any, ...] = ()
+    #: A model factory given from Python (`raydpfl.run_sweep(model=...)`), used by
+    #: every trial instead of ``experiment.model``.
+    model: Any = None
 
     def trial_config(self, params: Mapping[str, Any]) -> Config:
         """The config of the trial with `params` (dotted key → value)."""
@@ -205,10 +215,15 @@ def parse_tune_section(section: Any, base: Config) -> TuneSpec:
         raise ConfigError("tune", "must be a mapping")
     unknown = sorted(set(section) - set(_TUNE_KEYS))
     if unknown:
-        raise ConfigError(f"tune.{unknown[0]}", f"unknown key; allowed: {', '.join(_TUNE_KEYS)}")
+        raise ConfigError(
+            f"tune.{unknown[0]}",
+            f"unknown key{did_you_mean(unknown[0], _TUNE_KEYS)}; allowed: {', '.join(_TUNE_KEYS)}",
+        )
     metric = section.get("metric", "test_accuracy")
     _require(
-        metric in METRICS, "tune.metric", f"must be one of {', '.join(METRICS)}; got {metric!r}"
+        metric in METRICS,
+        "tune.metric",
+        f"must be one of {', '.join(METRICS)}; got {metric!r}{did_you_mean(metric, METRICS)}",
     )
     if metric.startswith("fair_") or metric == "client_accuracy_mean":
         _require(
@@ -293,7 +308,8 @@ def _parse_space(space: Any) -> tuple[Dimension, ...]:
         _require(
             kind in SPACE_KINDS,
             where,
-            f"kind must be one of {', '.join(SPACE_KINDS)}; got {kind!r}",
+            f"kind must be one of {', '.join(SPACE_KINDS)}; got {kind!r}"
+            + did_you_mean(kind, SPACE_KINDS),
         )
         if kind in ("grid", "choice"):
             _require(
@@ -330,7 +346,8 @@ def _parse_scheduler(raw: Any, base: Config) -> SchedulerSpec:
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
         raise ConfigError(
-            f"tune.scheduler.{unknown[0]}", f"unknown key; allowed: {', '.join(allowed)}"
+            f"tune.scheduler.{unknown[0]}",
+            f"unknown key{did_you_mean(unknown[0], allowed)}; allowed: {', '.join(allowed)}",
         )
     kind = raw.get("kind", "fifo")
     _require(kind in SCHEDULERS, "tune.scheduler.kind", f"must be fifo or asha; got {kind!r}")

@@ -2,9 +2,12 @@
 
     SWEEP_DIR/
       sweep.yaml             the sweep file as run (base config, --set applied, tune:)
-      trials/<trial_id>/     one ordinary run directory per trial (`raydpfl report` reads it)
+      sweep_state.json       raydpfl's own state: each trial's key, parameters, Tune status,
+                             and the plug-ins (`state`; what `--resume` reads)
+      trials/<key>/          one ordinary run directory per trial (t00000, ...; `raydpfl
+                             report` reads it; error.log if it failed)
       trials/.attempts/      earlier attempts of trials restarted before their first checkpoint
-      tune/sweep/            Ray Tune's experiment state (what `--resume` restores)
+      tune/sweep/            Ray Tune's own files (pickles: never read back)
       results.parquet        one row per trial: parameters, status, metric, ε
       best_config.yaml       the best trial's full config (runs with `raydpfl run`)
       sweep_summary.json     objective, best trial, and the privacy of selecting it
@@ -16,9 +19,12 @@ loop, and its worker actors are created inside the trial's placement group. Ever
 round's row is reported to Tune (the metric as of the latest evaluation), so ASHA can
 stop weak trials at its rungs; round numbers are Tune's time unit.
 
-An interrupted sweep resumes with `raydpfl tune --resume SWEEP_DIR`: finished trials
-are kept, unfinished ones restart, and a trial with a checkpoint continues from it
-(the run directory's own checkpoint/resume, so it ends with the same model). Ctrl-C or
+An interrupted sweep resumes with `raydpfl tune --resume SWEEP_DIR`: a fresh Tuner over
+the same trials (never ``Tuner.restore``, which unpickles; see `state`): finished trials
+replay their recorded rounds, unfinished ones restart, and a trial with a checkpoint
+continues from it (the run directory's own checkpoint/resume, so it ends with the same
+model). Before Ray Tune starts, every trial passes what `raydpfl run` checks
+(`preflight_sweep`, `check_trial_resources`). Ctrl-C or
 SIGTERM stops a sweep through Tune's own graceful stop (`interrupt`): its state is saved,
 the table is written with each trial's status (`status.sweep_status`), and
 sweep_summary.json records the signal under "interrupted".
@@ -28,11 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import shlex
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,9 +52,10 @@ from raydpfl.config.load import dump_config, read_yaml
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.simulation.integrity import has_checkpoint
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
-from raydpfl.simulation.run_lock import LOCK_FILE, run_dir_lock
+from raydpfl.simulation.run_lock import LOCK_FILE, check_not_busy, run_dir_lock
 from raydpfl.tune.selection import selection_privacy
 from raydpfl.tune.spec import Sweep, TuneSpec, parse_sweep, plain_value
+from raydpfl.tune.state import STATE_FILE, TRIAL_KEY, SweepState, plan_trials
 
 SWEEP_FILE = "sweep.yaml"
 TRIALS_DIR = "trials"
@@ -57,11 +65,43 @@ TUNE_NAME = "sweep"
 RESULTS_FILE = "results.parquet"
 BEST_CONFIG = "best_config.yaml"
 SUMMARY_FILE = "sweep_summary.json"
+#: A trial's error, as it happened (traceback), in its own run directory.
+TRIAL_ERROR_LOG = "error.log"
+#: The resources of a trial that only replays its recorded rounds (no training).
+REPLAY_BUNDLE = {"CPU": 0.01}
 
 
-def load_sweep_file(path: str | Path, overrides: tuple[str, ...] = ()) -> Sweep:
-    """Reads and validates a sweep file."""
-    return parse_sweep(read_yaml(Path(path)), overrides)
+def load_sweep_file(
+    path: str | Path, overrides: tuple[str, ...] = (), plugins: tuple[str, ...] = ()
+) -> Sweep:
+    """Reads and validates a sweep file; `plugins` (already imported) travel with it."""
+    sweep = parse_sweep(read_yaml(Path(path)), overrides)
+    return replace(sweep, plugins=plugin_specs(plugins), entries=user_entries(sweep.base))
+
+
+def plugin_specs(plugins: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``--plugin`` values as trials import them: files by absolute path, modules by name."""
+    return tuple(str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins)
+
+
+def user_entries(config: Config) -> tuple[Any, ...]:
+    """The registry entries of the non-built-in algorithm, model and dataset `config` names
+    (registered in this process: `--plugin`, or `raydpfl.register_*` from Python)."""
+    from raydpfl import registry
+
+    exp = config.experiment
+    wanted = (
+        ("algorithm", exp.algorithm.name),
+        ("model", exp.model.name),
+        ("dataset", exp.data.dataset),
+    )
+    out = []
+    for kind, name in wanted:
+        if registry.is_registered(kind, name):  # type: ignore[arg-type]
+            entry = registry.get(kind, name)  # type: ignore[arg-type]
+            if not entry.builtin and not isinstance(entry.target, str):
+                out.append(entry)
+    return tuple(out)
 
 
 def trial_bundles(config: Config, server_cpus: float) -> list[dict[str, float]]:
@@ -75,56 +115,172 @@ def trial_bundles(config: Config, server_cpus: float) -> list[dict[str, float]]:
     return [{"CPU": server_cpus}] + [dict(worker) for _ in range(rt.workers)]
 
 
-def run_sweep(
+# ---- pre-flight ---------------------------------------------------------------------------
+def probe_configs(sweep: Sweep) -> list[Config]:
+    """The base config and one config per value a trial can take in each dimension (every
+    grid/choice value, both ends of a range), as `parse_sweep` validated them."""
+    configs = [sweep.base]
+    for dim in sweep.spec.space:
+        configs.extend(sweep.trial_config({dim.key: v}) for v in dim.probe_values())
+    return configs
+
+
+def preflight_sweep(sweep: Sweep) -> None:
+    """What `raydpfl run` checks before training, for every trial, before Ray starts: the
+    base config is built as run builds it (its data opened and partitioned, its model and
+    algorithm built), and each probe value's config passes `run`'s pre-flight (dataset
+    files present, a registered entry's options, a first round that ε can pay for).
+
+    Raises:
+        ConfigError, DatasetNotFoundError: The first problem, named (one line).
+    """
+    from raydpfl.experiment.build import build_experiment, preflight
+
+    build_experiment(sweep.base, model=sweep.model)
+    for config in probe_configs(sweep)[1:]:
+        preflight(config)
+
+
+def check_trial_resources(sweep: Sweep, have: Mapping[str, float]) -> None:
+    """Refuses a sweep whose largest trial needs more CPUs or GPUs than the Ray cluster
+    has (`have`: ``ray.cluster_resources()``): Tune would wait for them forever.
+
+    Raises:
+        ConfigError: Naming the runtime key to lower and both numbers.
+    """
+    for config in probe_configs(sweep):
+        bundles = trial_bundles(config, sweep.spec.server_cpus)
+        rt = config.runtime
+        for resource, key in (
+            ("CPU", "runtime.cpus_per_worker"),
+            ("GPU", "runtime.gpus_per_worker"),
+        ):
+            need = sum(b.get(resource, 0.0) for b in bundles)
+            if need > have.get(resource, 0.0) + 1e-9:
+                how = (
+                    f"the server's {sweep.spec.server_cpus:g} (tune.server_cpus) + "
+                    if rt.backend == "ray" and resource == "CPU"
+                    else ""
+                )
+                workers = rt.workers if rt.backend == "ray" else 1
+                per = rt.cpus_per_worker if resource == "CPU" else rt.gpus_per_worker
+                raise ConfigError(
+                    key if rt.backend == "ray" else "runtime.cpus_per_worker",
+                    f"one trial needs {need:g} {resource}s ({how}{workers} worker(s) x "
+                    f"{per:g}), but the Ray cluster has {have.get(resource, 0.0):g}; lower "
+                    "runtime.workers, runtime.cpus_per_worker/gpus_per_worker or "
+                    "tune.server_cpus (Tune would wait for them forever)",
+                )
+
+
+# ---- running ------------------------------------------------------------------------------
+def execute_sweep(
     sweep: Sweep,
     sweep_dir: Path,
     *,
     resume: bool = False,
-    verbose: int = 1,
+    verbose: int = 0,
+    on_progress: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Runs (or, with `resume`, continues) the sweep; returns the sweep summary.
 
+    Everything `raydpfl run` checks before training is checked for every trial before
+    Ray Tune starts (`preflight_sweep`, then `check_trial_resources` once Ray is up);
+    a refusal leaves no sweep directory behind. `verbose` is Ray Tune's own verbosity
+    (0: its tables stay off the terminal); `on_progress` is told, after every step of
+    Tune's loop in which something changed, ``{"done", "total", "running", "failed",
+    "best"}``.
+
     Raises:
         RunDirBusyError: Another process runs a sweep in `sweep_dir`.
+        ConfigError, DatasetNotFoundError: A trial would be refused (before Ray Tune).
     """
+    from raydpfl.backends.ray.runner import connect, disconnect
+
     sweep_dir = sweep_dir.resolve()
     if not resume:
         check_run_dir_free(sweep_dir)
-    # One process per sweep directory, for the sweep's life (each trial locks its own).
-    with run_dir_lock(sweep_dir, create=not resume):
-        return _run_sweep(sweep, sweep_dir, resume, verbose)
-
-
-def _run_sweep(sweep: Sweep, sweep_dir: Path, resume: bool, verbose: int) -> dict[str, Any]:
-    from raydpfl.backends.ray.runner import connect, disconnect
-    from raydpfl.tune.interrupt import SweepInterrupt
-    from raydpfl.tune.status import LAST_SEEN
-
-    if not resume:
-        prepare_run_dir(sweep_dir)
-        text = {**sweep.base_raw, "tune": sweep.tune_raw}
-        (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(text, sort_keys=False), "utf-8")
-        (sweep_dir / TRIALS_DIR).mkdir()
-    earlier = _read_json(sweep_dir / SUMMARY_FILE) if resume else None
-    stop = SweepInterrupt()
+    preflight_sweep(sweep)
+    _ship_plugin_files_by_value(sweep)
     started = connect(sweep.base.runtime.address)
     try:
-        # Ctrl-C/SIGTERM from here on: Tune's graceful stop. Not earlier: starting Ray
-        # would put its own SIGTERM handler over ours.
-        with stop, _silent_output(verbose == 0):
-            tuner = _tuner(sweep, sweep_dir, resume, verbose)
-            LAST_SEEN.clear()
-            grid = tuner.fit()
-        return finish_sweep(sweep, sweep_dir, grid, stop.record(), earlier)
+        import ray
+
+        check_trial_resources(sweep, ray.cluster_resources())
+        # One process per sweep directory, for the sweep's life (each trial locks its own).
+        with run_dir_lock(sweep_dir, create=not resume):
+            return _run_sweep(sweep, sweep_dir, resume, verbose, on_progress)
     finally:
         if started:
             disconnect()
 
 
+def _ship_plugin_files_by_value(sweep: Sweep) -> None:
+    """The user's code is pickled by value into the trials, so a trial need not find its
+    file: what the ``--plugin`` files define, and the modules of the objects given from
+    Python (the sweep's registry entries and model), unless installed (site-packages) or
+    raydpfl's own; ``__main__`` (a script, a notebook) is pickled by value anyway."""
+    import sys
+    import sysconfig
+
+    from ray import cloudpickle
+
+    modules = [sys.modules.get(Path(p).stem) for p in sweep.plugins if p.endswith(".py")]
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    for obj in [e.target for e in sweep.entries] + [sweep.model]:
+        name = getattr(obj, "__module__", None)
+        module = sys.modules.get(name) if isinstance(name, str) else None
+        where = str(getattr(module, "__file__", "") or "")
+        top = (name or "").split(".")[0]
+        if module is None or top in ("raydpfl", "__main__") or not where:
+            continue
+        if not any(where.startswith(p) for p in installed):
+            modules.append(module)
+    for module in modules:
+        if module is not None:
+            cloudpickle.register_pickle_by_value(module)
+
+
+def _run_sweep(
+    sweep: Sweep,
+    sweep_dir: Path,
+    resume: bool,
+    verbose: int,
+    on_progress: Callable[[Mapping[str, Any]], None] | None,
+) -> dict[str, Any]:
+    from raydpfl.tune.interrupt import SweepInterrupt
+    from raydpfl.tune.status import LAST_SEEN
+
+    if resume:
+        state = SweepState.read(sweep_dir)
+        # Ray Tune's state from the earlier attempt is never read (it holds pickles):
+        # the new Tuner starts from raydpfl's own state and the trials' run directories.
+        shutil.rmtree(sweep_dir / TUNE_DIR, ignore_errors=True)
+    else:
+        prepare_run_dir(sweep_dir)
+        text = {**sweep.base_raw, "tune": sweep.tune_raw}
+        (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(text, sort_keys=False), "utf-8")
+        (sweep_dir / TRIALS_DIR).mkdir()
+        state = SweepState(sweep_dir / STATE_FILE, sweep.plugins, python_objects(sweep))
+        if sweep.spec.search == "random":
+            state.params.update(plan_trials(sweep.spec, sweep.sampling_seed()))
+        state.write()
+    earlier = _read_json(sweep_dir / SUMMARY_FILE) if resume else None
+    replay = state.finished(sweep_dir / TRIALS_DIR) if resume else frozenset()
+    stop = SweepInterrupt()
+    # Ctrl-C/SIGTERM from here on: Tune's graceful stop. Not earlier: starting Ray
+    # would put its own SIGTERM handler over ours.
+    with stop, _silent_output(verbose == 0), _quiet_trial_errors(verbose == 0):
+        tuner = _tuner(sweep, sweep_dir, state, replay, verbose, on_progress)
+        LAST_SEEN.clear()
+        grid = tuner.fit()
+    return finish_sweep(sweep, sweep_dir, grid, stop.record(), earlier, state)
+
+
 @contextlib.contextmanager
 def _silent_output(silent: bool) -> Iterator[None]:
-    """With `silent` (--quiet), Tune prints nothing: its new output engine prints its
-    experiment header and paths even at verbose=0, its legacy one does not (Ray 2.60)."""
+    """With `silent`, Tune prints nothing: its new output engine prints its experiment
+    header and paths even at verbose=0, its legacy one does not (Ray 2.60)."""
     if not silent or "RAY_AIR_NEW_OUTPUT" in os.environ:
         yield
         return
@@ -135,42 +291,119 @@ def _silent_output(silent: bool) -> Iterator[None]:
         os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
 
 
-def _tuner(sweep: Sweep, sweep_dir: Path, resume: bool, verbose: int) -> Any:
-    """Tune's experiment: restored from the sweep directory, or new."""
+class _DropTrialErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Trial task failed")
+
+
+@contextlib.contextmanager
+def _quiet_trial_errors(quiet: bool) -> Iterator[None]:
+    """With `quiet`, Tune's log of each failed trial's traceback stays off the terminal:
+    the traceback is in the trial's error.log, and the CLI says where in one line."""
+    logger = logging.getLogger("ray.tune.execution.tune_controller")
+    drop = _DropTrialErrors()
+    if quiet:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
+def _tuner(
+    sweep: Sweep,
+    sweep_dir: Path,
+    state: SweepState,
+    replay: frozenset[str],
+    verbose: int,
+    on_progress: Callable[[Mapping[str, Any]], None] | None,
+) -> Any:
+    """A new Tune experiment over the sweep's trials (never ``Tuner.restore``: `state`)."""
     from ray import tune
 
-    from raydpfl.tune.status import TrialStatusRecorder
+    from raydpfl.tune.status import SweepProgress, TrialStatusRecorder
 
-    trainable = _trainable(sweep, sweep_dir)
-    state = sweep_dir / TUNE_DIR / TUNE_NAME
-    if resume and tune.Tuner.can_restore(str(state)):
-        return tune.Tuner.restore(
-            str(state), trainable, resume_unfinished=True, resume_errored=True
-        )
-    if resume and any((sweep_dir / TRIALS_DIR).iterdir()):
-        raise ConfigError("resume", f"{sweep_dir} holds no Ray Tune state to resume")
-    # New, or interrupted before Tune saved anything (while Ray was starting): start over.
+    planned = sweep.spec.search == "random"
+    space: dict[str, Any] = (
+        {TRIAL_KEY: tune.grid_search(sorted(state.params))} if planned else param_space(sweep.spec)
+    )
+    recorded = [] if planned else [state.params[k] for k in sorted(state.params)]
+    keys = tuple(d.key for d in sweep.spec.space)
+    callbacks: list[Any] = [TrialStatusRecorder(state)]
+    if on_progress is not None:
+        callbacks.append(SweepProgress(on_progress, sweep.spec, _total_trials(sweep, state)))
     return tune.Tuner(
-        trainable,
-        param_space=param_space(sweep.spec),
-        tune_config=_tune_config(sweep),
+        _trainable(sweep, sweep_dir, state, replay),
+        param_space=space,
+        tune_config=_tune_config(sweep, lambda trial: state.key_for(trial.config, keys), recorded),
         run_config=tune.RunConfig(
             name=TUNE_NAME,
             storage_path=str(sweep_dir / TUNE_DIR),
             verbose=verbose,
             failure_config=tune.FailureConfig(max_failures=0),
-            callbacks=[TrialStatusRecorder()],
+            callbacks=callbacks,
         ),
     )
 
 
-def resume_sweep(sweep_dir: Path, verbose: int = 1) -> dict[str, Any]:
-    """Continues an interrupted sweep from its directory (its own sweep.yaml)."""
+def _total_trials(sweep: Sweep, state: SweepState) -> int:
+    return len(state.params) if sweep.spec.search == "random" else sweep.spec.num_trials()
+
+
+def python_objects(sweep: Sweep) -> dict[str, str]:
+    """The Python objects a sweep's trials use instead of config entries: the model
+    factory, and user entries not from a ``--plugin`` (registered from Python)."""
+    from raydpfl.experiment.record import PYTHON_PREFIX, object_name
+
+    out = {}
+    if sweep.model is not None:
+        out["model"] = PYTHON_PREFIX + object_name(sweep.model)
+    plugin_modules = {Path(p).stem if p.endswith(".py") else p for p in sweep.plugins}
+    for entry in sweep.entries:
+        module = str(getattr(entry.target, "__module__", ""))
+        if module not in plugin_modules:
+            out[entry.kind] = PYTHON_PREFIX + object_name(entry.target)
+    return out
+
+
+def resume_sweep(
+    sweep_dir: Path,
+    verbose: int = 0,
+    plugins: tuple[str, ...] = (),
+    on_progress: Callable[[Mapping[str, Any]], None] | None = None,
+    model: Any = None,
+) -> dict[str, Any]:
+    """Continues an interrupted sweep from its directory: its own sweep.yaml and
+    sweep_state.json (the plug-ins it recorded are imported again, then `plugins`). A
+    sweep whose trials used Python objects needs them again (`model`; an algorithm or
+    dataset registered in this process under the recorded name), with the same names.
+
+    Raises:
+        ConfigError: Not a sweep directory, one without raydpfl's state (nothing of
+            Ray Tune's pickled state is ever loaded), or one whose Python objects are
+            missing or differ.
+    """
+    from raydpfl.experiment.plugins import import_plugins
+
     sweep_dir = Path(sweep_dir)
     if not (sweep_dir / SWEEP_FILE).is_file():
         raise ConfigError("resume", f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE})")
-    sweep = load_sweep_file(sweep_dir / SWEEP_FILE)
-    return run_sweep(sweep, sweep_dir, resume=True, verbose=verbose)
+    check_not_busy(sweep_dir)  # another process runs it: say so first, before anything
+    state = SweepState.read(sweep_dir)
+    specs = tuple(dict.fromkeys((*state.plugins, *plugin_specs(plugins))))
+    import_plugins(specs)
+    sweep = replace(load_sweep_file(sweep_dir / SWEEP_FILE, plugins=specs), model=model)
+    now = python_objects(sweep)
+    for kind, recorded in state.objects.items():
+        if now.get(kind) != recorded:
+            raise ConfigError(
+                "resume",
+                f"the sweep's trials ran the {kind} {recorded.removeprefix('python:')} "
+                f"from Python, not {now.get(kind, 'the config entry').removeprefix('python:')}; "
+                "resume it from Python with the same object: "
+                f"raydpfl.resume_sweep({str(sweep_dir)!r}, {kind}=...)",
+            )
+    return execute_sweep(sweep, sweep_dir, resume=True, verbose=verbose, on_progress=on_progress)
 
 
 # ---- Tune wiring ------------------------------------------------------------------------
@@ -193,18 +426,22 @@ def param_space(spec: TuneSpec) -> dict[str, Any]:
     return space
 
 
-def _tune_config(sweep: Sweep) -> Any:
+def _tune_config(
+    sweep: Sweep, dirname: Callable[[Any], str], recorded: list[dict[str, Any]]
+) -> Any:
     from ray import tune
 
     spec = sweep.spec
+    random = spec.search == "random"
     return tune.TuneConfig(
         metric=spec.metric,
         mode=spec.mode,
-        num_samples=spec.num_samples,
+        # Random search: the planned list is one grid over trial keys.
+        num_samples=1 if random else spec.num_samples,
         scheduler=_scheduler(sweep),
-        search_alg=_search(sweep),
+        search_alg=_search(sweep, recorded),
         max_concurrent_trials=spec.max_concurrent_trials,
-        trial_dirname_creator=lambda trial: trial.trial_id,
+        trial_dirname_creator=dirname,
     )
 
 
@@ -222,69 +459,145 @@ def _scheduler(sweep: Sweep) -> Any:
     )
 
 
-def _search(sweep: Sweep) -> Any:
+def _search(sweep: Sweep, recorded: list[dict[str, Any]]) -> Any:
     seed = sweep.sampling_seed()
     kind = sweep.spec.search
     if kind == "random":
         from ray.tune.search import BasicVariantGenerator
 
         # Tune applies max_concurrent_trials only to searchers it builds itself.
-        return BasicVariantGenerator(
-            random_state=seed, max_concurrent=sweep.spec.max_concurrent_trials or 0
-        )
+        return BasicVariantGenerator(max_concurrent=sweep.spec.max_concurrent_trials or 0)
+    points = recorded or None  # a resumed sweep's trials first, in their order
     try:
         if kind == "optuna":
             from ray.tune.search.optuna import OptunaSearch
 
-            return OptunaSearch(seed=seed)
+            return OptunaSearch(seed=seed, points_to_evaluate=points)
         from ray.tune.search.hyperopt import HyperOptSearch
 
-        return HyperOptSearch(random_state_seed=seed)
+        return HyperOptSearch(random_state_seed=seed, points_to_evaluate=points)
     except (ImportError, AssertionError) as e:
         raise ConfigError(
             "tune.search", f"search: {kind} needs the {kind} package ({e}); or use random"
         ) from None
 
 
-def _trainable(sweep: Sweep, sweep_dir: Path) -> Any:
+def _trainable(sweep: Sweep, sweep_dir: Path, state: SweepState, replay: frozenset[str]) -> Any:
     from ray import tune
 
+    planned = dict(state.params) if sweep.spec.search == "random" else {}
+
     def resources(params: Mapping[str, Any]) -> Any:
-        config = sweep.trial_config(_params_of(sweep, params))
+        key = params.get(TRIAL_KEY)
+        if key in replay:
+            return tune.PlacementGroupFactory([dict(REPLAY_BUNDLE)])
+        config = sweep.trial_config(_params_of(sweep, params, planned))
         return tune.PlacementGroupFactory(trial_bundles(config, sweep.spec.server_cpus))
 
-    fn = tune.with_parameters(run_trial, sweep=sweep, sweep_dir=str(sweep_dir))
+    fn = tune.with_parameters(
+        run_trial, sweep=sweep, sweep_dir=str(sweep_dir), planned=planned, replay=replay
+    )
     return tune.with_resources(fn, resources)
 
 
-def _params_of(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
+def _params_of(
+    sweep: Sweep, params: Mapping[str, Any], planned: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The trial's parameters: a planned trial's (random search), or Tune's suggestion."""
+    key = params.get(TRIAL_KEY)
+    if key is not None:
+        return dict(planned[key])
     return {d.key: params[d.key] for d in sweep.spec.space if d.key in params}
 
 
 # ---- one trial ----------------------------------------------------------------------------
-def run_trial(params: Mapping[str, Any], sweep: Sweep, sweep_dir: str) -> None:
-    """One trial: the simulation of `params`, reporting every round to Tune."""
+def run_trial(
+    params: Mapping[str, Any],
+    sweep: Sweep,
+    sweep_dir: str,
+    planned: Mapping[str, Mapping[str, Any]] | None = None,
+    replay: frozenset[str] = frozenset(),
+) -> None:
+    """One trial: the simulation of `params`, reporting every round to Tune; a trial in
+    `replay` (finished before the sweep was resumed) reports its recorded rounds again."""
     from ray import tune
 
+    context = tune.get_context()
+    key = Path(context.get_trial_dir()).name  # `SweepState.key_for` named it
+    run_dir = Path(sweep_dir) / TRIALS_DIR / key
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prepare_trial_process(sweep)
+    config = sweep.trial_config(_params_of(sweep, params, planned or {}))
+    config = replace(config, runtime=replace(config.runtime, progress=False))
+    reporter = TrialReporter(sweep.spec.metric, tune.report, config.experiment.algorithm.rounds)
+    if key in replay:
+        replay_trial(run_dir, reporter)
+        return
+    try:
+        # One process per trial directory (a stale attempt still running is refused).
+        with run_dir_lock(run_dir):
+            resume = has_checkpoint(run_dir) and not (run_dir / "summary.json").exists()
+            if not resume and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
+                _set_aside(run_dir)
+            exp = _build_trial(config, sweep)
+            if not resume:
+                prepare_run_dir(run_dir)
+            summary = run_in_trial(exp, run_dir, reporter, resume)
+            reporter.flush(summary)
+    except Exception as e:
+        _log_trial_error(run_dir, e)
+        raise
+
+
+def prepare_trial_process(sweep: Sweep) -> None:
+    """Makes the user's code known in a trial's process: the ``--plugin`` modules and
+    files are imported (their registrations run), and the entries registered from Python
+    are registered again (their objects came with the sweep). What a plug-in file defines
+    is pickled by value to the trial's Ray workers, which need not find the file."""
+    import sys
+
+    from ray import cloudpickle
+
+    from raydpfl import registry
+    from raydpfl.experiment.plugins import import_plugins
+
+    import_plugins(sweep.plugins)
+    for plugin in sweep.plugins:
+        if plugin.endswith(".py"):
+            cloudpickle.register_pickle_by_value(sys.modules[Path(plugin).stem])
+    for entry in sweep.entries:
+        if not registry.is_registered(entry.kind, entry.name):
+            registry.register(
+                entry.kind,
+                entry.name,
+                entry.target,
+                options=entry.options,
+                section=entry.section,
+                tags=entry.tags,
+                notes=entry.notes,
+            )
+
+
+def _build_trial(config: Config, sweep: Sweep) -> Any:
     from raydpfl.experiment.build import build_experiment
 
-    config = sweep.trial_config(_params_of(sweep, params))
-    config = replace(config, runtime=replace(config.runtime, progress=False))
-    trial_id = tune.get_context().get_trial_id()
-    run_dir = Path(sweep_dir) / TRIALS_DIR / trial_id
-    # One process per trial directory (a stale attempt still running is refused).
-    with run_dir_lock(run_dir):
-        resume = has_checkpoint(run_dir) and not (run_dir / "summary.json").exists()
-        if not resume and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
-            _set_aside(run_dir)
-        exp = build_experiment(config)
-        if not resume:
-            prepare_run_dir(run_dir)
-        reporter = TrialReporter(
-            sweep.spec.metric, tune.report, config.experiment.algorithm.rounds
-        )
-        summary = run_in_trial(exp, run_dir, reporter, resume)
-        reporter.flush(summary)
+    return build_experiment(config, model=sweep.model)
+
+
+def _log_trial_error(run_dir: Path, e: BaseException) -> None:
+    """Appends the trial's error and traceback to its run directory's error.log."""
+    import traceback
+
+    with contextlib.suppress(OSError), open(run_dir / TRIAL_ERROR_LOG, "a", encoding="utf-8") as f:
+        f.write("".join(traceback.format_exception(e)))
+
+
+def replay_trial(run_dir: Path, reporter: TrialReporter) -> None:
+    """Reports a finished trial's recorded rounds to Tune again (nothing is trained)."""
+    summary = _read_json(run_dir / "summary.json") or {}
+    for row in _read_rounds(run_dir):
+        reporter(row)
+    reporter.flush(summary)
 
 
 class TrialReporter:
@@ -362,15 +675,20 @@ def finish_sweep(
     grid: Any,
     interrupted: dict[str, Any] | None = None,
     earlier: dict[str, Any] | None = None,
+    state: SweepState | None = None,
 ) -> dict[str, Any]:
     """Writes results.parquet, best_config.yaml and sweep_summary.json.
 
     `interrupted` (the signal that stopped the sweep) goes into the summary with the
     command that continues it; `earlier` is the summary an interrupted run of this sweep
-    left, whose interruptions the new summary keeps.
+    left, whose interruptions the new summary keeps; `state` gives each trial's
+    parameters by key.
     """
     spec = sweep.spec
-    rows = [_trial_row(sweep, sweep_dir, result, interrupted is not None) for result in grid]
+    known = state.params if state is not None else {}
+    rows = [
+        _trial_row(sweep, sweep_dir, result, interrupted is not None, known) for result in grid
+    ]
     planned = spec.num_trials()
     rows.sort(key=lambda r: r["trial_id"])
     _write_results(sweep_dir / RESULTS_FILE, rows, spec)
@@ -433,14 +751,21 @@ def resume_command(sweep_dir: Path) -> str:
     return f"raydpfl tune --resume {shlex.quote(str(sweep_dir))}"
 
 
-def _trial_row(sweep: Sweep, sweep_dir: Path, result: Any, interrupted: bool) -> dict[str, Any]:
+def _trial_row(
+    sweep: Sweep,
+    sweep_dir: Path,
+    result: Any,
+    interrupted: bool,
+    known: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
     from raydpfl.tune.status import LAST_SEEN, sweep_status
 
     spec = sweep.spec
-    metrics = dict(result.metrics or {})
-    trial_id = metrics.get("trial_id") or Path(result.path).name
+    trial_id = Path(result.path).name  # the trial's key (`SweepState.key_for`)
     run_dir = sweep_dir / TRIALS_DIR / trial_id
-    params = _params_of(sweep, result.config or {})
+    params = (
+        dict(known[trial_id]) if trial_id in known else _params_of(sweep, result.config or {}, {})
+    )
     rounds = _read_rounds(run_dir)
     summary = _read_json(run_dir / "summary.json")
     planned = sweep.trial_config(params).experiment.algorithm.rounds
@@ -470,8 +795,28 @@ def _trial_row(sweep: Sweep, sweep_dir: Path, result: Any, interrupted: bool) ->
         "epsilon_max": float(last_eps) if isinstance(last_eps, (int, float)) else None,
         "model_sha256": None if summary is None else summary.get("model_sha256"),
         "run_dir": str(run_dir.relative_to(sweep_dir)),
-        "error": None if result.error is None else " ".join(str(result.error).split())[:500],
+        "error": None if result.error is None else _error_line(result.error),
+        "error_file": None if result.error is None else _error_file(sweep_dir, trial_id),
     }
+
+
+def _error_file(sweep_dir: Path, key: str) -> str:
+    """Where a failed trial's traceback is: its run's error.log, or (when it failed
+    before its run started) Ray Tune's error.txt; relative to the sweep directory."""
+    ours = Path(TRIALS_DIR) / key / TRIAL_ERROR_LOG
+    if (sweep_dir / ours).exists():
+        return str(ours)
+    return str(Path(TUNE_DIR) / TUNE_NAME / key / "error.txt")
+
+
+def _error_line(error: BaseException) -> str:
+    """A trial's error in one line: the original exception's message (Ray wraps it)."""
+    cause = error
+    while getattr(cause, "cause", None) is not None and cause.cause is not cause:  # type: ignore[attr-defined]
+        cause = cause.cause  # type: ignore[attr-defined]
+    text = str(cause).strip().splitlines()
+    line = " ".join(text[-1].split()) if text else type(cause).__name__
+    return f"{type(cause).__name__}: {line}"[:500]
 
 
 def _write_results(path: Path, rows: list[dict[str, Any]], spec: TuneSpec) -> None:
