@@ -118,9 +118,7 @@ def run_blocks(found: list[Block], cwd: Path, timeout: int) -> list[str]:
     for name in ("configs", "examples", "cluster"):
         (cwd / name).symlink_to(ROOT / name)
     (cwd / "blocks.json").write_text(json.dumps([asdict(b) for b in found]))
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")
-    } | {
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")} | {
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "MPLBACKEND": "Agg",
         "PYTHONUNBUFFERED": "1",
@@ -167,7 +165,11 @@ def test_the_tutorial_runs_as_written(tmp_path):
         skipped = run_blocks(found, tmp_path, timeout=1200)
     finally:  # step 5's two-node cluster, whatever happened
         subprocess.run(
-            [str(ROOT / "cluster" / "stop_local_cluster.sh"), "--port", str(TUTORIAL_CLUSTER_PORT)],
+            [
+                str(ROOT / "cluster" / "stop_local_cluster.sh"),
+                "--port",
+                str(TUTORIAL_CLUSTER_PORT),
+            ],
             capture_output=True,
             timeout=120,
         )
@@ -188,7 +190,15 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     pytest.importorskip("mkdocstrings_handlers.python")
     pytest.importorskip("material")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -309,16 +319,17 @@ def test_license_citation_and_changelog_agree_with_the_package():
 
 
 def test_ray_is_pinned_to_the_version_the_tests_run_on():
-    import tomllib
-
     import ray
+    import tomllib
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (ray_dep,) = [d for d in deps if d.startswith("ray")]
     low, high = re.fullmatch(r"ray\[tune\]>=([\d.]+),<([\d.]+)", ray_dep).groups()
     version = tuple(int(x) for x in ray.__version__.split(".")[:2])
-    assert tuple(int(x) for x in low.split(".")[:2]) <= version < tuple(
-        int(x) for x in high.split(".")[:2]
+    assert (
+        tuple(int(x) for x in low.split(".")[:2])
+        <= version
+        < tuple(int(x) for x in high.split(".")[:2])
     )
 
 

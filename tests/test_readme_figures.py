@@ -32,22 +32,66 @@ def _number(text: str, pattern: str) -> float:
 @pytest.mark.parametrize(
     ("text", "pattern", "name", "shape", "classes", "scale"),
     [
-        (MODELS_PAGE, r"`fedavg_cnn` \(([\d,]+) params on 28×28\)", "fedavg_cnn", (1, 28, 28), 10, 1),
+        (
+            MODELS_PAGE,
+            r"`fedavg_cnn` \(([\d,]+) params on 28×28\)",
+            "fedavg_cnn",
+            (1, 28, 28),
+            10,
+            1,
+        ),
         (MODELS_PAGE, r"\| ([\d,]+) on Synthetic's 60 features", "logreg", (60,), 10, 1),
         (MODELS_PAGE, r"\| ([\d,]+) on 28×28 \|", "mlp", (1, 28, 28), 10, 1),
-        (MODELS_PAGE, r"\| ([\d,]+) at the defaults on Shakespeare", "char_transformer", (80,), 80, 1),
+        (
+            MODELS_PAGE,
+            r"\| ([\d,]+) at the defaults on Shakespeare",
+            "char_transformer",
+            (80,),
+            80,
+            1,
+        ),
         (MODELS_PAGE, r"\| ([\d,]+) on 28×28 \|\n\| `rc_resnet18`", "rc_cnn", (1, 28, 28), 10, 1),
-        (MODELS_PAGE, r"\(2 groups;\s+([\d.]+)M parameters at 10 classes", "rc_resnet18", (3, 32, 32), 10, 1e6),
-        (MODELS_PAGE, r"\| ([\d,]+); [\d,]+; [\d,]+ \(62 classes\)", "bcs_mnist_cnn", (1, 28, 28), 10, 1),
-        (MODELS_PAGE, r"\| [\d,]+; ([\d,]+); [\d,]+ \(62 classes\)", "bcs_lenet5", (1, 28, 28), 10, 1),
+        (
+            MODELS_PAGE,
+            r"\(2 groups;\s+([\d.]+)M parameters at 10 classes",
+            "rc_resnet18",
+            (3, 32, 32),
+            10,
+            1e6,
+        ),
+        (
+            MODELS_PAGE,
+            r"\| ([\d,]+); [\d,]+; [\d,]+ \(62 classes\)",
+            "bcs_mnist_cnn",
+            (1, 28, 28),
+            10,
+            1,
+        ),
+        (
+            MODELS_PAGE,
+            r"\| [\d,]+; ([\d,]+); [\d,]+ \(62 classes\)",
+            "bcs_lenet5",
+            (1, 28, 28),
+            10,
+            1,
+        ),
         (MODELS_PAGE, r"; ([\d,]+) \(62 classes\)", "bcs_femnist_cnn", (1, 28, 28), 62, 1),
-        (MODELS_PAGE, r"\(62 classes\); ([\d,]+) \(GroupNorm\)", "bcs_resnet20", (3, 32, 32), 10, 1),
+        (
+            MODELS_PAGE,
+            r"\(62 classes\); ([\d,]+) \(GroupNorm\)",
+            "bcs_resnet20",
+            (3, 32, 32),
+            10,
+            1,
+        ),
         (MODELS_PAGE, r"\| ([\d,]+) for `bcs_linreg`", "bcs_linreg", (10,), 1, 1),
         (RC_PAGE, r"rc_cnn\}\s+# ([\d,]+) parameters", "rc_cnn", (1, 28, 28), 10, 1),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 20 else None,
 )
-def test_the_parameter_counts_the_docs_give_are_the_models(text, pattern, name, shape, classes, scale):
+def test_the_parameter_counts_the_docs_give_are_the_models(
+    text, pattern, name, shape, classes, scale
+):
     written = _number(text, pattern)
     actual = num_parameters(build_model(name, shape, classes))
     assert round(actual / scale, 1 if scale > 1 else 0) == written
