@@ -9,7 +9,8 @@
   as a reader follows them; every other page alone. A block with a ``title="FILE"`` is
   written to FILE instead (a plug-in, a config), for the blocks after it. ```text blocks are
   output, or commands that need what a test machine lacks (a network, a cloud account);
-  ```yaml blocks without a title are config fragments.
+  ```yaml blocks without a title are config fragments, each validated against the schema
+  at its place in a config.
 - A block after ``<!-- docs-test: requires raydpfl tune --plugin -->`` needs that option
   of that command; on a tree without it the block is skipped and the test reports it (and
   skips) after running every other block.
@@ -155,6 +156,39 @@ def test_every_runnable_block_is_on_a_page_the_tests_run():
     tested = set(_pages()) | {f"tutorial/{p}" for p in TUTORIAL}
     assert runnable <= tested
     assert set(TUTORIAL) == {p.name for p in (DOCS / "tutorial").glob("*.md")} - {"index.md"}
+
+
+def _yaml_fragments() -> list[tuple[str, str]]:
+    """(page, text) of every ```yaml block without a title (config fragments)."""
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"^```yaml[ \t]*\n(.*?)^```", text, re.S | re.M):
+            found.append((str(page.relative_to(DOCS)), m.group(1)))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("page", "text"), _yaml_fragments(), ids=[p for p, _ in _yaml_fragments()]
+)
+def test_every_config_fragment_of_the_docs_is_valid(page, text):
+    """A fragment is checked at its place in a config: a whole experiment, a data section,
+    or a tune: section on the quickstart (the schema, not the data)."""
+    import yaml
+
+    from raydpfl.config import config_from_dict
+    from raydpfl.tune import parse_sweep
+
+    raw = yaml.safe_load(text)
+    root = next(iter(raw))
+    if root == "tune":
+        base = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+        parse_sweep({**base, **raw})
+    elif root in ("data", "model", "algorithm", "privacy"):
+        config_from_dict({"experiment": raw})
+    else:
+        assert root in ("experiment", "runtime"), f"{page}: a fragment rooted at {root!r}"
+        config_from_dict(raw)
 
 
 @pytest.mark.slow
