@@ -6,10 +6,14 @@
 #
 #     python examples/tour.py [--rounds 20] [--out tour-out]
 #
-# or open it in Jupyter or VS Code (the `# %%` lines are notebook cells). CI runs it with
-# two rounds. It reads Fashion-MNIST from Debian's `dataset-fashion-mnist` or from
-# `raydpfl data download fashion_mnist`; without either it falls back, loudly, to
-# scikit-learn's digits so the tour still runs.
+# or open it in Jupyter or VS Code (the `# %%` lines are notebook cells).
+#
+# Data: Fashion-MNIST by default (60,000 images, a CNN; minutes per run on a laptop),
+# read from `raydpfl data download fashion_mnist` or Debian's `dataset-fashion-mnist`;
+# without it the tour stops and says how to get it. `--dataset digits` runs the same tour
+# on scikit-learn's 8×8 digits, which ship with scikit-learn, with settings chosen for
+# them (logistic regression over 10 clients, larger batches): it reaches about 0.89 test
+# accuracy in 20 rounds at ε = 4 (seed 0). CI runs the digits tour.
 
 # %%
 from __future__ import annotations
@@ -27,19 +31,29 @@ from raydpfl.privacy.calibration import epsilon_for, noise_multiplier_for
 
 parser = argparse.ArgumentParser(description="A tour of raydpfl from Python")
 parser.add_argument("--rounds", type=int, default=20)
+parser.add_argument("--dataset", choices=["fashion_mnist", "digits"], default="fashion_mnist")
 parser.add_argument("--out", default="tour-out", help="folder for the run and the figure")
 args, _ = parser.parse_known_args()  # a notebook passes its own arguments
 out = Path(args.out)
 
 # %% [markdown]
 # ## 1. Data: one centralised dataset, normalised and channels-first
+#
+# Each dataset gets settings that learn on it: Fashion-MNIST's 60,000 images a CNN over 40
+# clients with small Poisson batches; digits' 1,438 training images a logistic regression
+# (650 parameters, so DP noise of the same σ costs far less) over 10 clients, each client's
+# batch a larger share of its records. On digits an MLP at these settings ends near 0.5.
 
 # %%
+SETTINGS = {
+    "fashion_mnist": {"model": "fedavg_cnn", "num_clients": 40, "q": 0.05, "lr": 0.1},
+    "digits": {"model": "logreg", "num_clients": 10, "q": 0.3, "lr": 0.5},
+}
 try:
-    data: ArrayDataset = load_dataset("fashion_mnist")
+    data: ArrayDataset = load_dataset(args.dataset)
 except DatasetNotFoundError as e:
-    print(f"note: {e}; using scikit-learn's digits instead", file=sys.stderr)
-    data = load_dataset("digits")
+    sys.exit(f"tour: {e}; or run the tour on scikit-learn's digits: --dataset digits")
+settings = SETTINGS[args.dataset]
 print(f"{data.name}: {len(data.x_train)} training records of shape {data.input_shape}")
 
 # %% [markdown]
@@ -50,7 +64,7 @@ print(f"{data.name}: {len(data.x_train)} training records of shape {data.input_s
 # of similar mean brightness (a feature skew no label-based partition gives).
 
 # %%
-num_clients = 40
+num_clients = settings["num_clients"]
 rng = np.random.default_rng(0)
 brightness = data.x_train.reshape(len(data.x_train), -1).mean(axis=1)
 by_brightness = np.argsort(brightness, kind="stable")
@@ -79,7 +93,7 @@ print(f"{num_clients} clients, {min(sizes)}-{max(sizes)} training records each")
 # the average; one chosen past its budget would simply not train).
 
 # %%
-clients_per_round, local_steps, q = 10, 5, 0.05
+clients_per_round, local_steps, q = 10, 5, settings["q"]
 steps_per_client = args.rounds * local_steps  # the most a client can take
 sigma = noise_multiplier_for(4.0, 1e-5, q, steps_per_client)
 print(f"sigma = {sigma:.3f} keeps {steps_per_client} steps at q = {q} within epsilon = 4")
@@ -96,13 +110,13 @@ result = raydpfl.run_simulation(
     {
         "experiment": {
             "name": "tour",
-            "model": {"name": "fedavg_cnn" if data.name != "digits" else "mlp"},
+            "model": {"name": settings["model"]},
             "algorithm": {
                 "name": "dp_fedavg",
                 "rounds": args.rounds,
                 "clients_per_round": clients_per_round,
                 "local_steps": local_steps,
-                "lr": 0.1,
+                "lr": settings["lr"],
                 "eval_every": 1,
             },
             "privacy": {

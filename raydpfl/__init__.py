@@ -1,6 +1,6 @@
 """raydpfl: a Ray-based, scalable simulator for differentially-private federated learning.
 
-From Python (see README "Use it from Python" and docs/architecture.md):
+From Python (the docs: docs/tutorial/own-algorithm.md, docs/reference/api.md):
 
     import raydpfl
     result = raydpfl.run_simulation("configs/quickstart.yaml", model=MyNet, algorithm=...)

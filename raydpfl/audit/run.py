@@ -223,7 +223,8 @@ def audit(
             clients (client level).
         mode: ``white-box`` or ``black-box`` (see this module's docstring).
         confidence: In (0, 1).
-        k_plus, k_minus: Guesses "in" and "out"; default m/10 each (at least 1 in).
+        k_plus: Guesses "in"; default m/10 (at least 1).
+        k_minus: Guesses "out"; default m/10.
         score: White-box scoring, ``lr`` (likelihood ratio) or ``sum``.
         run_dir: Keep the audited run's outputs and audit.json there (new or empty).
 

@@ -186,6 +186,10 @@ def _ray_wrapped(e: BaseException) -> bool:
 
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="raydpfl", description="Differentially-private federated learning simulator.")
+    # The parent package is always imported before its cli; reading its __version__ from
+    # sys.modules adds no upward import (tests/test_architecture.py).
+    version = sys.modules["raydpfl"].__version__
+    p.add_argument("--version", action="version", version=f"raydpfl {version}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     # One helper per subcommand, in the order `raydpfl --help` lists them.
     _add_run_command(sub)

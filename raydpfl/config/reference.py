@@ -314,8 +314,8 @@ def render_markdown() -> str:
         "(`--set experiment.privacy.epsilon=2`). Every key is optional; the default is "
         "shown. A config has two sections: `experiment` (what is simulated) and `runtime` "
         "(how it is run; changing it never changes the results). `null` is YAML's None; "
-        "`1e-5` and `1.0e-5` both load as numbers. Sweeps add a `tune:` section (README, "
-        '"Sweeps with Ray Tune").',
+        "`1e-5` and `1.0e-5` both load as numbers. Sweeps add a `tune:` section "
+        "([Sweeps with Ray Tune](how-to/sweeps.md)).",
         "",
         "Each seed paper's options have a section of their own under "
         "`experiment.algorithm` (or go under `experiment.algorithm.options`) and are read "

@@ -267,15 +267,15 @@ def test_the_vectorised_group_path_reports_the_sessions_receipts():
     assert torch.isfinite(torch.cat([p.flatten() for p in result.params.values()])).all()
 
 
-def test_the_readme_private_plugin_runs_and_is_charged_for_both_mechanisms():
-    """The README's private plug-in (DP-SGD steps + a noisy loss query per task), run as
-    written: both mechanisms are charged (ε above plain DP-FedAvg's) and the receipts
-    match (the run completes)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### A private plug-in") :]
+def test_the_docs_private_plugin_runs_and_is_charged_for_both_mechanisms():
+    """The docs' private plug-in (docs/how-to/write-an-algorithm.md: DP-SGD steps + a noisy
+    loss query per task), run as written: both mechanisms are charged (ε above plain
+    DP-FedAvg's) and the receipts match (the run completes)."""
+    page = (ROOT / "docs" / "how-to" / "write-an-algorithm.md").read_text()
+    section = page[page.index("## A private plug-in") :]
     code = section[section.index("```python") + len("```python") : section.index("```\n", 10)]
     namespace: dict = {"raydpfl": raydpfl}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "write-an-algorithm.md", "exec"), namespace)
     try:
         cls = namespace["DPFedAvgLossReport"]
         result = _run(_dp_fedavg(cls))

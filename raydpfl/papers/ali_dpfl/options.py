@@ -19,7 +19,8 @@ NAMES: tuple[str, ...] = ("ali_dpfl", "dp_fedavg_fixed_tau", "pe_dpfl", "adap_dp
 @dataclass(frozen=True, kw_only=True)
 class AliDpflConfig:
     """ALI-DPFL's options (algorithm `ali_dpfl`; R_c settings also for
-    `dp_fedavg_fixed_tau`). See shared/specs/ali-dpfl.md; defaults are its [REC]s."""
+    `dp_fedavg_fixed_tau`). Defaults are the settings the reproduction recommends
+    (raydpfl/papers/ali_dpfl/README.md)."""
 
     gamma: float = 10.0  # Γ: 10 for Dir(0.05); Table V: IID 0, Dir(0.5) 5, Dir(1) 1
     gamma_mode: Literal["fixed", "code_estimate"] = "fixed"  # code_estimate: unaccounted
