@@ -194,6 +194,10 @@ def build_registered_algorithm(
                 f"the builder of {algo.name!r} must return an Algorithm, "
                 f"got {type(algorithm).__name__}",
             )
+    if getattr(algorithm, "name", None) != algo.name:
+        # A plug-in subclassing a built-in inherits its class name: errors, checkpoints and
+        # records name the algorithm the user registered and ran.
+        algorithm.name = algo.name  # type: ignore[misc]
     ledger, meta = ledger_for(algorithm, config.experiment.privacy, dataset.train_sizes())
     return algorithm, ledger, meta
 

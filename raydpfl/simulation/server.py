@@ -146,6 +146,9 @@ class Server:
         # What the platform saw leave the client halves un-noised (receipt notes, client
         # metric keys), listed in summary.json's unaccounted_releases; an ordered set.
         self._platform_unaccounted: dict[str, None] = {}
+        # What the ledger was charged, by event (its fields but the step count): total
+        # steps and number of charges; summary.json's privacy block is written from it.
+        self._charged: dict[tuple[tuple[str, Any], ...], list[int]] = {}
         # Every client's ε as one array, kept current from the charged clients only.
         self._eps_stats = EpsilonStats(ledger, self.num_clients) if ledger is not None else None
 
@@ -335,6 +338,37 @@ class Server:
         self._log_charges(round_idx, charges)
         return dispatched, refused
 
+    def _count_charge(self, cost: Mapping[str, Any]) -> None:
+        key = tuple(sorted((k, v) for k, v in cost.items() if k != "steps"))
+        entry = self._charged.setdefault(key, [0, 0])
+        entry[0] += int(cost.get("steps", 1))
+        entry[1] += 1
+
+    def charged_events(self) -> list[dict[str, Any]]:
+        """Every distinct event the ledger was charged (its fields, with ``steps`` the
+        total over all charges and ``charges`` their number), in first-charge order."""
+        return [
+            {**dict(key), "steps": steps, "charges": count}
+            for key, (steps, count) in self._charged.items()
+        ]
+
+    def _privacy_block(self, stated: Mapping[str, Any]) -> dict[str, Any]:
+        """summary.json's privacy block: the plan's statement, with σ and q replaced by
+        what the ledger was actually charged (one value, or the distinct values in charge
+        order), and the charged events themselves. A field the config stated but no charge
+        carries is kept as stated."""
+        out = dict(stated)
+        events = self.charged_events()
+        out["charged"] = events
+        sgm = [
+            e for e in events if e.get("mechanism", "subsampled_gaussian") == "subsampled_gaussian"
+        ]
+        for field in ("noise_multiplier", "sampling_rate"):
+            values = list(dict.fromkeys(e[field] for e in sgm if e.get(field) is not None))
+            if values:
+                out[field] = values[0] if len(values) == 1 else values
+        return out
+
     def _charge_round(self, round_idx: int) -> bool:
         """Client-level runs: charges the event of the round's declared population-level
         mechanisms (`round_declaration`) to the `ClientLevelLedger` before anything of the
@@ -421,6 +455,8 @@ class Server:
     def _log_charges(self, round_idx: int, charges: list[tuple[int, dict[str, Any]]]) -> None:
         """Appends a batch of charges to the log (synced), or, in a replayed round, checks
         it against the batch the interrupted run logged."""
+        for _, cost in charges:
+            self._count_charge(cost)
         logged = self._logged.get(round_idx)
         if logged:
             expected = logged.pop(0)
@@ -547,6 +583,10 @@ class Server:
         self._restore_ledger(state)
         settled = self.writer.charge_batches()[: self._log_position]
         check_row_epsilons(self.ledger, settled, self.rows, self.num_clients)
+        self._charged = {}
+        for batch in settled:
+            for _, cost in batch.charges:
+                self._count_charge(cost)
         self.algorithm.load_state_dict(state["algorithm"])
         self.algorithm.load_tensor_state({n: t.to(device) for n, t in tensors.items()})
         self.writer.prepare_resume(self.rounds_completed, self.rows)
@@ -829,6 +869,9 @@ class Server:
             ),
         }
         out.update(self.settings.metadata)
+        if private:
+            stated = out.get("privacy")
+            out["privacy"] = self._privacy_block(stated if isinstance(stated, Mapping) else {})
         return out
 
 
