@@ -363,10 +363,10 @@ class Server:
         sgm = [
             e for e in events if e.get("mechanism", "subsampled_gaussian") == "subsampled_gaussian"
         ]
-        for field in ("noise_multiplier", "sampling_rate"):
-            values = list(dict.fromkeys(e[field] for e in sgm if e.get(field) is not None))
+        for name in ("noise_multiplier", "sampling_rate"):
+            values = list(dict.fromkeys(e[name] for e in sgm if e.get(name) is not None))
             if values:
-                out[field] = values[0] if len(values) == 1 else values
+                out[name] = values[0] if len(values) == 1 else values
         return out
 
     def _charge_round(self, round_idx: int) -> bool:
