@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -29,9 +30,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydpfl.backends.allocator import tune_allocator
 from raydpfl.backends.ray.backend import RayBackend
 from raydpfl.backends.ray.reaper import descendants, start_reaper
+from raydpfl.backends.ray.runtime_env import CodeMismatchError, check_same_code, runtime_env_for
 from raydpfl.config.schema import ConfigError, RuntimeConfig
 from raydpfl.privacy.kernel import PrivacyContractError
-from raydpfl.simulation.backend import ServerLostError
+from raydpfl.registry.plugin_files import plugin_files
+from raydpfl.simulation.backend import ServerLostError, ServerStartError
 from raydpfl.simulation.experiment import Experiment, make_server
 from raydpfl.simulation.integrity import ResumeError, has_checkpoint
 from raydpfl.simulation.outputs import RunWriter
@@ -40,11 +43,35 @@ log = logging.getLogger(__name__)
 
 
 class ServerHost:
-    """The server actor: owns the `Server` and the worker pool for one run."""
+    """The server actor: owns the `Server` and the worker pool for one run.
+
+    A failure while starting (a resume refused: a broken or deleted charge log, a
+    checkpoint that disagrees with it, unreadable weights; a privacy contract broken) is
+    kept and raised by the first call, `next_round`, instead of by the constructor: an
+    exception in an actor's constructor reaches the driver as the actor's *death*, which
+    the driver would retry `max_restarts` times and then report as a crash. Raised by a
+    method, it arrives as itself (`_unwrap`), so the CLI says it in one line, exit 2,
+    as the local backend does.
+    """
 
     def __init__(
         self, exp: Experiment, dataset_box: list[Any], run_dir: str | None, resume: bool = False
     ) -> None:
+        self.backend: RayBackend | None = None
+        self.server: Any = None
+        self.refusal: BaseException | None = None
+        try:
+            self._start(exp, dataset_box, run_dir, resume)
+        except Exception as e:  # raised by next_round (see the class docstring)
+            self.refusal = e
+            if self.backend is not None:
+                self.backend.close()
+                self.backend = None
+
+    def _start(
+        self, exp: Experiment, dataset_box: list[Any], run_dir: str | None, resume: bool
+    ) -> None:
+        check_same_code()  # this actor runs the driver's raydpfl (`runtime_env`)
         rt = exp.config.runtime
         # Aggregation and the algorithm's server step run here while the workers wait
         # (evaluation runs on the workers, `RayBackend.evaluate_central`): the node's cores.
@@ -74,7 +101,10 @@ class ServerHost:
         self.server.checkpoint_start()  # nothing is lost if this actor dies in round 1
 
     def next_round(self) -> int:
-        """The index of the first round to run (> 0 after a resume)."""
+        """The index of the first round to run (> 0 after a resume); raises what stopped
+        the constructor, if anything did."""
+        if self.refusal is not None:
+            raise self.refusal
         return self.server.rounds_completed
 
     def run_round(self, round_idx: int) -> dict[str, Any] | None:
@@ -97,8 +127,14 @@ class ServerHost:
 
     def close(self) -> None:
         """Stops the workers and finalises the outputs written so far."""
-        self.server.close_outputs()
-        self.backend.close()
+        if self.server is not None:
+            self.server.close_outputs()
+        self.close_workers()
+
+    def close_workers(self) -> None:
+        """Stops the workers."""
+        if self.backend is not None:
+            self.backend.close()
 
 
 RemoteServerHost = ray.remote(ServerHost)
@@ -111,10 +147,14 @@ def connect(address: str | None) -> bool:
     authentication (on by default since Ray 2.52) is left on. A locally started instance
     listens on 127.0.0.1 only (`loopback.loopback_only`: Ray 2.60 binds its gRPC servers
     to the node address, which it would otherwise set to the host's reachable one), and
-    is watched by `reaper`: a driver killed outright leaves no Ray process.
+    is watched by `reaper`: a driver killed outright leaves no Ray process. The job's
+    runtime environment is `runtime_env.runtime_env_for` the loaded plug-in files: the
+    actors run the driver's raydpfl code and import its plug-ins from any path.
     """
     if ray.is_initialized():
         return False
+    # The actors run the driver's raydpfl and can import its plug-in files (`runtime_env`).
+    env = runtime_env_for(plugin_files())
     # ray.init puts a C++ SIGTERM handler in place of Python's, which aborts the process
     # (printing a stack) instead of letting the CLI stop in order (exit 143, the resume
     # command): a Python handler installed before is put back afterwards.
@@ -129,13 +169,14 @@ def connect(address: str | None) -> bool:
                 include_dashboard=False,
                 logging_level="WARNING",
                 _node_ip_address=LOOPBACK,
+                runtime_env=env,
             )
         # If this process is killed outright, end the Ray processes it started (Ray 2.60
         # leaves its agents behind otherwise).
         global _reaper
         _reaper = start_reaper(os.getpid(), descendants(os.getpid()))
     else:
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level="WARNING", runtime_env=env)
     if callable(sigterm) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, sigterm)
     return True
@@ -225,6 +266,10 @@ def run_on_ray(
             try:
                 return _drive_server(exp, run_dir, on_round, resume)
             except ray.exceptions.RayActorError as e:
+                if getattr(e, "actor_init_failed", False):
+                    # Its constructor could not even run (its arguments could not be
+                    # unpickled: a module missing on the node): the same every time.
+                    raise ServerStartError(_start_failure(e)) from None
                 if run_dir is None or not has_checkpoint(run_dir):
                     raise ServerLostError(
                         f"the server actor died ({type(e).__name__}) and the run has no "
@@ -258,11 +303,13 @@ def _serve_in_process(
 ) -> dict[str, Any]:
     """The server in this process (Ray already running), its workers as Ray actors."""
     host = ServerHost(exp, [ray.put(exp.dataset)], str(run_dir) if run_dir else None, resume)
+    if host.refusal is not None:
+        raise host.refusal
     host.server.on_round = on_round
     try:
         return host.server.run(host.backend)
     finally:
-        host.backend.close()
+        host.close_workers()
 
 
 def _drive_server(
@@ -291,6 +338,28 @@ def _drive_server(
             ray.kill(host, no_restart=True)
 
 
+def _start_failure(e: BaseException) -> str:
+    """One line for a server actor that could not be created: the exception its creation
+    task raised (the last ``Name: message`` line of the remote traceback), and the
+    plug-in files shipped to it."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", ln)]
+    cause = named[-1] if named else (lines[-1] if lines else type(e).__name__)
+    files = [Path(f).name for f in plugin_files()]
+    shipped = (
+        f"plug-in files shipped to the actors: {', '.join(files)}"
+        if files
+        else ("no plug-in file was shipped to the actors")
+    )
+    hint = ""
+    if cause.startswith("ModuleNotFoundError"):
+        hint = (
+            "; a module named in the experiment (a --plugin, or one it imports) must be "
+            "importable on every Ray node"
+        )
+    return f"the Ray server actor could not start: {cause} ({shipped}{hint})"
+
+
 def _unwrap(call: Callable[[], Any]) -> Any:
     """Re-raises an error from inside an actor as its own type (not RayTaskError); a
     refusal whose message is its whole story (a broken privacy contract, a resume
@@ -298,6 +367,6 @@ def _unwrap(call: Callable[[], Any]) -> Any:
     try:
         return call()
     except ray.exceptions.RayTaskError as e:
-        if isinstance(e.cause, (PrivacyContractError, ResumeError)):
+        if isinstance(e.cause, (PrivacyContractError, ResumeError, CodeMismatchError)):
             raise e.cause from None
         raise e.as_instanceof_cause() from None

@@ -40,8 +40,6 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
-import raydpfl
-
 #: The environment variable carrying the driver's `code_fingerprint()` to the actors.
 FINGERPRINT_VAR = "RAYDPFL_CODE_FINGERPRINT"
 #: Not shipped: byte-code caches (rebuilt on the node) and editor leftovers.
@@ -54,7 +52,7 @@ class CodeMismatchError(RuntimeError):
 
 def package_dir() -> Path:
     """The directory of the raydpfl package this process imported."""
-    return Path(raydpfl.__file__).resolve().parent
+    return Path(__file__).resolve().parents[2]  # raydpfl/backends/ray/runtime_env.py
 
 
 def _fingerprint_of(root: Path) -> str:
@@ -184,4 +182,3 @@ def check_same_code() -> None:
         f"which differs from the driver's (code {expected}); run the driver and the cluster "
         "on the same raydpfl version"
     )
-
