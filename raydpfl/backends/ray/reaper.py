@@ -63,8 +63,11 @@ def start_reaper(driver_pid: int, pids: Iterable[int]) -> subprocess.Popen | Non
     records = [f"{pid}:{start}" for pid in pids if (start := start_time(pid)) is not None]
     if not records:
         return None
+    # This file run in isolated mode (-I: no PYTHONPATH, no cwd or script directory on
+    # sys.path; it needs the standard library only): `-m raydpfl...` would import the
+    # raydpfl of the working directory when that is another checkout.
     return subprocess.Popen(
-        [sys.executable, "-m", "raydpfl.backends.ray.reaper", str(driver_pid), *records],
+        [sys.executable, "-I", str(Path(__file__).resolve()), str(driver_pid), *records],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -94,6 +97,6 @@ def watch(driver_pid: int, records: list[tuple[int, str]], poll_s: float = 0.5) 
     _signal(_alive(records), signal.SIGKILL)
 
 
-if __name__ == "__main__":  # python -m raydpfl.backends.ray.reaper DRIVER PID:START ...
+if __name__ == "__main__":  # python -I .../reaper.py DRIVER PID:START ...
     parsed = [(int(p), s) for p, s in (arg.split(":") for arg in sys.argv[2:])]
     watch(int(sys.argv[1]), parsed)

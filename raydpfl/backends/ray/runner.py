@@ -154,7 +154,7 @@ def connect(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     # The actors run the driver's raydpfl and can import its plug-in files (`runtime_env`).
-    env = runtime_env_for(plugin_files())
+    env = runtime_env_for([f for f in plugin_files() if f.is_file()])
     # ray.init puts a C++ SIGTERM handler in place of Python's, which aborts the process
     # (printing a stack) instead of letting the CLI stop in order (exit 143, the resume
     # command): a Python handler installed before is put back afterwards.
