@@ -64,7 +64,7 @@ def test_the_environment_ships_the_drivers_package_and_the_plugin_files(tmp_path
     assert Path(env["py_modules"][0], "backends", "ray", "runtime_env.py").is_file()
     assert env["env_vars"] == {FINGERPRINT_VAR: code_fingerprint()}
     assert "__pycache__" in env["excludes"]
-    with pytest.raises(FileNotFoundError, match="no_such.py"):
+    with pytest.raises(FileNotFoundError, match=r"no_such\.py"):
         runtime_env_for([tmp_path / "no_such.py"])
 
 
