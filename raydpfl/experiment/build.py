@@ -400,7 +400,7 @@ def make_local_backend(exp: Experiment) -> Backend:
         rt.engine,
         rt.vectorise_clients,
     )
-    return LocalBackend(worker, worker_threads(rt.cpus_per_worker))
+    return LocalBackend(worker, worker_threads(rt.cpus_per_worker), rt.round_timeout_s)
 
 
 def run_experiment(
