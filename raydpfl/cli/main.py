@@ -448,12 +448,13 @@ def _positive_float(text: str) -> float:
 
 
 def _sigma(text: str) -> float:
-    from raydpfl.config.schema import MIN_NOISE_MULTIPLIER
+    from raydpfl.config.schema import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 
     value = _positive_float(text)
-    if value < MIN_NOISE_MULTIPLIER:
+    if not MIN_NOISE_MULTIPLIER <= value <= MAX_NOISE_MULTIPLIER:
         raise argparse.ArgumentTypeError(
-            f"must be >= {MIN_NOISE_MULTIPLIER:g} (as privacy.noise_multiplier), got {text}"
+            f"must be in [{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}] "
+            f"(as privacy.noise_multiplier), got {text}"
         )
     return value
 
@@ -675,6 +676,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     check_run_dir_free(run_dir)  # before loading any data; checked again on creation
     exp = build_experiment(config)
+    _make_out_dir(run_dir)
     with run_dir_lock(run_dir):  # one process per run directory, for the run's life
         prepare_run_dir(run_dir)
         args.run_dir = run_dir
@@ -687,6 +689,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         finally:
             progress.close()
     return _report_run(summary)
+
+
+def _make_out_dir(run_dir: Path) -> None:
+    """Creates the run directory, or says in one line why it cannot be (``--out /proc/x``,
+    a read-only disk, a file in the way)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            "--out", f"cannot create the run directory {str(run_dir)!r}: {e.strerror or e}"
+        ) from None
 
 
 def _resume(args: argparse.Namespace) -> int:
