@@ -756,10 +756,17 @@ def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_noise(args: argparse.Namespace) -> int:
+    from raydpfl.config.schema import MIN_NOISE_MULTIPLIER
     from raydpfl.privacy.calibration import noise_multiplier_for
 
     with as_config_error(""):
         sigma = noise_multiplier_for(args.epsilon, args.delta, args.q, args.steps, args.accountant)
+    if 0 < sigma < MIN_NOISE_MULTIPLIER:  # as a run refuses it (`check_calibrated_floor`)
+        raise ConfigError(
+            "--epsilon",
+            f"calibrates sigma to {sigma:.3g}, below the floor {MIN_NOISE_MULTIPLIER:g} "
+            "of privacy.noise_multiplier (no useful privacy); a run refuses it",
+        )
     print(
         f"noise_multiplier = {sigma:.6g}  (epsilon<={args.epsilon}, q={args.q}, "
         f"steps={args.steps}, delta={args.delta:g}, accountant={args.accountant})"
