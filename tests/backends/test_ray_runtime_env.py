@@ -206,3 +206,17 @@ def test_a_plugin_the_actors_cannot_import_is_one_line_naming_it(
     assert "unshipped_plugin.py" in err[0]
     assert "checkpoint" not in err[0]
     assert re.match(r"^raydpfl: error: the Ray server actor could not start", err[0])
+
+
+def test_an_auth_token_our_ray_init_created_is_made_owner_only(tmp_path):
+    from raydpfl.backends.ray.runner import make_private
+
+    folder = tmp_path / ".ray"
+    folder.mkdir(mode=0o755)
+    token = folder / "auth_token"
+    token.write_text("secret")
+    token.chmod(0o644)  # as Ray writes it under umask 022
+    make_private(token, folder)
+    assert token.stat().st_mode & 0o777 == 0o600
+    assert folder.stat().st_mode & 0o777 == 0o700
+    make_private(tmp_path / "missing", None)  # nothing there: nothing to do

@@ -159,6 +159,8 @@ def connect(address: str | None) -> bool:
     # (printing a stack) instead of letting the CLI stop in order (exit 143, the resume
     # command): a Python handler installed before is put back afterwards.
     sigterm = signal.getsignal(signal.SIGTERM)
+    token = ray_token_path()
+    token_existed, folder_existed = token.exists(), token.parent.exists()
     if address in (None, "local"):
         from raydpfl.backends.ray.loopback import LOOPBACK, loopback_only
 
@@ -179,7 +181,30 @@ def connect(address: str | None) -> bool:
         ray.init(address=address, logging_level="WARNING", runtime_env=env)
     if callable(sigterm) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, sigterm)
+    if not token_existed:
+        make_private(token, folder=None if folder_existed else token.parent)
     return True
+
+
+def ray_token_path() -> Path:
+    """Where Ray 2.60 keeps the token of its token authentication (``~/.ray/auth_token``)."""
+    return Path.home() / ".ray" / "auth_token"
+
+
+def make_private(token: Path, folder: Path | None) -> None:
+    """Owner-only permissions for an authentication token that our `ray.init` created
+    (Ray writes it with the process umask: world-readable under the usual 022), and for
+    its folder when that was created too. Anyone who reads the token can submit jobs to
+    the cluster. Someone else's files, or ones that existed before, are left alone."""
+    for path, mode in ((token, 0o600), (folder, 0o700)):
+        if path is None:
+            continue
+        try:
+            st = path.stat()
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                path.chmod(mode)
+        except OSError:
+            pass
 
 
 #: The watcher of the Ray instance `connect` started (see `reaper`), if any.
