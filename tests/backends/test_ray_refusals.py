@@ -17,7 +17,7 @@ import yaml
 
 from raydpfl.cli.main import main
 from raydpfl.cli.ray_logs import WORKER_LINES_SKIPPED
-from tests.cli.test_resume_outputs import RAW, _stop_after
+from tests.cli.test_resume_outputs import RAW, STOPS, _interrupt_resume_compare, _stop_after
 
 
 def _tamper_delete_log(run_dir):
@@ -74,3 +74,12 @@ def test_a_resume_refused_in_the_server_actor_is_one_line_and_exit_2_as_locally(
             assert reason in (run_dir / "error.log").read_text(), (name, backend)
             assert not (run_dir / "summary.json").exists()
         assert lines["ray"] == lines["local"], name
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_every_output_survives_an_interruption_and_resume_on_ray(
+    ray_session, tmp_path, monkeypatch
+):
+    # As tests/cli/test_resume_outputs.py locally: the server actor closes the outputs.
+    _interrupt_resume_compare(tmp_path, monkeypatch, "ray", list(STOPS))

@@ -100,9 +100,4 @@ def test_clients_parquet_keeps_the_rounds_before_the_checkpoint(tmp_path, monkey
     _interrupt_resume_compare(tmp_path, monkeypatch, "local", ["sigint"])
 
 
-@pytest.mark.slow
-@pytest.mark.ray
-def test_every_output_survives_an_interruption_and_resume_on_ray(
-    ray_session, tmp_path, monkeypatch
-):
-    _interrupt_resume_compare(tmp_path, monkeypatch, "ray", list(STOPS))
+# On Ray: tests/backends/test_ray_refusals.py (it needs the Ray session fixture).

@@ -62,6 +62,8 @@ class ServerHost:
         self.refusal: BaseException | None = None
         try:
             self._start(exp, dataset_box, run_dir, resume)
+        except ray.exceptions.RayError:
+            raise  # Ray's own (an object lost with its node): a death, retried as one
         except Exception as e:  # raised by next_round (see the class docstring)
             self.refusal = e
             if self.backend is not None:
