@@ -13,6 +13,7 @@ so a run inside a Tune trial or an existing session leaves Ray alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -29,7 +30,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydpfl.backends.allocator import tune_allocator
 from raydpfl.backends.ray.backend import RayBackend
-from raydpfl.backends.ray.reaper import descendants, start_reaper
+from raydpfl.backends.ray.reaper import RELEASE, descendants, start_reaper
 from raydpfl.backends.ray.runtime_env import CodeMismatchError, check_same_code, runtime_env_for
 from raydpfl.config.schema import ConfigError, RuntimeConfig
 from raydpfl.privacy.kernel import PrivacyContractError
@@ -218,9 +219,17 @@ def disconnect() -> None:
     global _reaper
     ray.shutdown()
     if _reaper is not None:
-        _reaper.terminate()
-        _reaper.wait(timeout=10)
+        # Not terminated: told to end, after its grace, whatever of Ray's processes the
+        # shutdown left (none, unless the GCS or a raylet was killed), then to exit.
+        with contextlib.suppress(ProcessLookupError):
+            _reaper.send_signal(RELEASE)
+        _released.append(_reaper)
+        _released[:] = [p for p in _released if p.poll() is None]  # reap the finished
         _reaper = None
+
+
+#: Watchers told to end (`disconnect`), kept until they have exited.
+_released: list[Any] = []
 
 
 def check_resources(rt: RuntimeConfig) -> None:
