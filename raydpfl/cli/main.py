@@ -34,13 +34,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from raydpfl.backends.ray.runtime_env import CodeMismatchError
     from raydpfl.data.datasets import DatasetNotFoundError, DownloadError
     from raydpfl.privacy.kernel import PrivacyContractError
+    from raydpfl.simulation.backend import ServerStartError
     from raydpfl.simulation.finite import NonFiniteModelError
     from raydpfl.simulation.integrity import ResumeError
     from raydpfl.simulation.run_lock import RunDirBusyError
 
     return (
+        CodeMismatchError,
         ConfigError,
         DatasetNotFoundError,
         DownloadError,
@@ -49,6 +52,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         PrivacyContractError,
         ResumeError,
         RunDirBusyError,
+        ServerStartError,
     )
 
 
@@ -70,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except _user_errors() as e:
         print(f"raydpfl: error: {_one_line(e)}", file=sys.stderr)
+        _log_refusal(args, e)
         return EXIT_USAGE
     except (RoundTimeoutError, WorkerLostError, ServerLostError) as e:
         log = _log_failure(args, e)
@@ -176,6 +181,18 @@ def _log_failure(args: argparse.Namespace, e: BaseException) -> Path | None:
     except OSError:
         return None
     return path
+
+
+def _log_refusal(args: argparse.Namespace, e: BaseException) -> None:
+    """A refused resume, or a server that could not start, is also written to the run
+    directory's error.log (a run directory: it has a config.yaml; never another folder)."""
+    from raydpfl.simulation.backend import ServerStartError
+    from raydpfl.simulation.integrity import ResumeError
+
+    run_dir = getattr(args, "run_dir", None)
+    refusal = isinstance(_unwrapped(e), (ResumeError, ServerStartError))
+    if refusal and run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
+        _log_failure(args, e)
 
 
 def _ray_wrapped(e: BaseException) -> bool:
@@ -429,25 +446,15 @@ def _add_plugin(p: argparse.ArgumentParser) -> None:
 
 
 def _import_plugins(plugins: Sequence[str]) -> None:
-    """Imports each plugin module or file (their `raydpfl.register_*` calls run)."""
-    import importlib
-    import importlib.util
+    """Imports each plugin module or file (their `raydpfl.register_*` calls run); any
+    failure of one, even ``sys.exit``, is one line naming it (`PluginImportError`)."""
+    from raydpfl.registry.plugin_files import PluginImportError, import_plugin
 
     for plugin in plugins:
-        path = Path(plugin)
         try:
-            if plugin.endswith(".py"):
-                if not path.is_file():
-                    raise ConfigError("--plugin", f"no such file {plugin!r}")
-                spec = importlib.util.spec_from_file_location(path.stem, path)
-                assert spec is not None and spec.loader is not None
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[path.stem] = module
-                spec.loader.exec_module(module)
-            else:
-                importlib.import_module(plugin)
-        except ImportError as e:
-            raise ConfigError("--plugin", f"cannot import {plugin!r}: {e}") from None
+            import_plugin(plugin)
+        except PluginImportError as e:
+            raise ConfigError("--plugin", str(e)) from None
 
 
 def _positive_float(text: str) -> float:
@@ -461,12 +468,13 @@ def _positive_float(text: str) -> float:
 
 
 def _sigma(text: str) -> float:
-    from raydpfl.config.schema import MIN_NOISE_MULTIPLIER
+    from raydpfl.config.schema import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 
     value = _positive_float(text)
-    if value < MIN_NOISE_MULTIPLIER:
+    if not MIN_NOISE_MULTIPLIER <= value <= MAX_NOISE_MULTIPLIER:
         raise argparse.ArgumentTypeError(
-            f"must be >= {MIN_NOISE_MULTIPLIER:g} (as privacy.noise_multiplier), got {text}"
+            f"must be in [{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}] "
+            f"(as privacy.noise_multiplier), got {text}"
         )
     return value
 
@@ -688,6 +696,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     check_run_dir_free(run_dir)  # before loading any data; checked again on creation
     exp = build_experiment(config)
+    _make_out_dir(run_dir)
     with run_dir_lock(run_dir):  # one process per run directory, for the run's life
         prepare_run_dir(run_dir)
         args.run_dir = run_dir
@@ -702,6 +711,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _report_run(summary)
 
 
+def _make_out_dir(run_dir: Path) -> None:
+    """Creates the run directory, or says in one line why it cannot be (``--out /proc/x``,
+    a read-only disk, a file in the way)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            "--out", f"cannot create the run directory {str(run_dir)!r}: {e.strerror or e}"
+        ) from None
+
+
 def _resume(args: argparse.Namespace) -> int:
     from raydpfl.config.load import load_config
     from raydpfl.experiment.build import build_experiment, check_resume, run_experiment
@@ -712,6 +732,7 @@ def _resume(args: argparse.Namespace) -> int:
         raise ConfigError("resume", f"--resume continues in {run_dir} itself; drop --out")
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError("resume", f"{run_dir} is not a run directory (no config.yaml)")
+    args.run_dir = run_dir  # a refusal is also written to its error.log (`_log_refusal`)
     source = args.config if args.config is not None else run_dir / "config.yaml"
     _import_plugins(args.plugins)
     config = load_config(source, args.overrides)
@@ -755,10 +776,17 @@ def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_noise(args: argparse.Namespace) -> int:
+    from raydpfl.config.schema import MIN_NOISE_MULTIPLIER
     from raydpfl.privacy.calibration import noise_multiplier_for
 
     with as_config_error(""):
         sigma = noise_multiplier_for(args.epsilon, args.delta, args.q, args.steps, args.accountant)
+    if 0 < sigma < MIN_NOISE_MULTIPLIER:  # as a run refuses it (`check_calibrated_floor`)
+        raise ConfigError(
+            "--epsilon",
+            f"calibrates sigma to {sigma:.3g}, below the floor {MIN_NOISE_MULTIPLIER:g} "
+            "of privacy.noise_multiplier (no useful privacy); a run refuses it",
+        )
     print(
         f"noise_multiplier = {sigma:.6g}  (epsilon<={args.epsilon}, q={args.q}, "
         f"steps={args.steps}, delta={args.delta:g}, accountant={args.accountant})"

@@ -17,6 +17,9 @@ T = TypeVar("T")
 
 #: Largest integer a config takes (int32: counts and sizes become index arrays).
 MAX_INT = 2**31 - 1
+#: The largest magnitude of a float value: float32's, the dtype of models and steps. A
+#: larger value (lr: 1e308) overflowed inside a client step with a traceback.
+MAX_FLOAT = 3.4028234663852886e38
 
 
 def from_mapping(cls: type[T], data: Any, path: str) -> T:
@@ -63,7 +66,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         if value not in allowed:
             raise ConfigError(
                 path,
-                f"must be one of {', '.join(map(str, allowed))}; got {value!r}"
+                f"must be one of {', '.join(map(str, allowed))}; got {_shown(value)}"
                 + did_you_mean(value, [str(a) for a in allowed]),
             )
         return value
@@ -73,39 +76,55 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         if value is None:
             return {}
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(path, f"must be a mapping of names to values, got {value!r}")
+            raise ConfigError(path, f"must be a mapping of names to values, got {_shown(value)}")
         return _deep_copy(dict(value))
     if value is None:
         raise ConfigError(path, f"must be {_type_word(tp)}, got null")
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(path, f"must be true or false, got {value!r}")
+        raise ConfigError(path, f"must be true or false, got {_shown(value)}")
     if tp is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, int) and not isinstance(value, bool):
             if abs(value) > MAX_INT:
-                raise ConfigError(path, f"must be at most {MAX_INT} in size, got {value}")
+                raise ConfigError(path, f"must be at most {MAX_INT} in size, got {_shown(value)}")
             return value
-        raise ConfigError(path, f"must be an integer, got {value!r}")
+        raise ConfigError(path, f"must be an integer, got {_shown(value)}")
     if tp is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
+            with contextlib.suppress(OverflowError):  # an int past 1.8e308
+                number = float(value)
+            if number is None:
+                raise ConfigError(path, f"must be a finite number, got {_shown(value)}")
         elif isinstance(value, str):
             with contextlib.suppress(ValueError):
                 number = float(value)
         if number is None:
-            raise ConfigError(path, f"must be a number, got {value!r}")
+            raise ConfigError(path, f"must be a number, got {_shown(value)}")
         if not math.isfinite(number):
-            raise ConfigError(path, f"must be a finite number, got {value!r}")
+            raise ConfigError(path, f"must be a finite number, got {_shown(value)}")
+        if abs(number) > MAX_FLOAT:
+            raise ConfigError(
+                path, f"must be at most {MAX_FLOAT:.4g} in size (float32), got {_shown(value)}"
+            )
         return number
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(path, f"must be a string, got {value!r}")
+        raise ConfigError(path, f"must be a string, got {_shown(value)}")
     raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not user input
+
+
+def _shown(value: Any) -> str:
+    """`value`'s repr, cut to 60 characters (a 4,000-digit integer is one value)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit str limit
+        return "an integer of more than 4300 digits"
+    return text if len(text) <= 60 else f"{text[:57]}... ({len(text)} characters)"
 
 
 def _join(path: str, name: str) -> str:

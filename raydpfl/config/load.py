@@ -39,6 +39,11 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> Config:
 MAX_NODES = 100_000
 
 
+#: Deepest nesting of mappings and lists a config may have. Real configs nest 4 deep;
+#: PyYAML's parser recurses per level and fails with a RecursionError near 900.
+MAX_DEPTH = 64
+
+
 #: The largest config (or sweep) file read: 8 MiB. Configs are a few KiB; a file past this
 #: is refused by its size at once, before PyYAML spends minutes on it.
 MAX_CONFIG_BYTES = 8 * 1024 * 1024
@@ -74,10 +79,21 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise ConfigError("", f"{path}: invalid YAML{where}") from None
+    except (RecursionError, ValueError, OverflowError) as e:
+        raise ConfigError("", f"{path}: {_unparsable(e)}") from None
     if raw is None:
         raise ConfigError("", f"{path} is empty: expected a mapping with keys experiment, runtime")
     _check_tree(raw, str(path))
     return raw
+
+
+def _unparsable(e: BaseException) -> str:
+    """Why PyYAML gave up on a text that is valid YAML, in words."""
+    if isinstance(e, RecursionError):
+        return f"nested too deeply to read (a config nests at most {MAX_DEPTH} levels)"
+    if "integer string conversion" in str(e):  # Python's 4300-digit limit on int("...")
+        return "holds an integer with more than 4300 digits"
+    return f"a value cannot be read ({type(e).__name__})"
 
 
 def _parse(text: str) -> Any:
@@ -126,6 +142,10 @@ def _check_tree(raw: Any, where: str) -> None:
         if isinstance(node, (dict, list)):
             if id(node) in ancestors:
                 raise ConfigError("", f"{where}: a YAML alias refers to itself (recursive)")
+            if len(ancestors) >= MAX_DEPTH:
+                raise ConfigError(
+                    "", f"{where}: nested more than {MAX_DEPTH} levels deep (a config nests 4)"
+                )
             inner = ancestors | {id(node)}
             children = node.values() if isinstance(node, dict) else node
             stack.extend((child, inner) for child in children)
@@ -180,10 +200,14 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     parts = dotted_path(key)
     if not parts:
         raise ConfigError("", f"override {item!r} names no key")
+    shown = text if len(text) <= 80 else text[:77] + "..."
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
-        raise ConfigError(".".join(parts), f"cannot parse override value {text!r}") from None
+        raise ConfigError(".".join(parts), f"cannot parse override value {shown!r}") from None
+    except (RecursionError, ValueError, OverflowError) as e:
+        raise ConfigError(".".join(parts), f"override value {shown!r}: {_unparsable(e)}") from None
+    _check_tree(value, f"--set {'.'.join(parts)}")
     set_dotted(data, ".".join(parts), value)
 
 

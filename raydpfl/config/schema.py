@@ -614,6 +614,9 @@ class AlgorithmConfig:
 
 #: The smallest σ (`privacy.noise_multiplier`, the calculators' ``--sigma``) accepted.
 MIN_NOISE_MULTIPLIER = 0.01
+#: The largest σ accepted: 10^6 x the clip norm is noise only (ε has long reached the
+#: floor its δ conversion sets), and the accountants' series overflow past ~1e154.
+MAX_NOISE_MULTIPLIER = 1e6
 #: The smallest Poisson rate q (`privacy.sampling_rate`) accepted.
 MIN_SAMPLING_RATE = 1e-6
 
@@ -646,11 +649,12 @@ class PrivacyConfig:
         _check(0 < self.delta < 1, "delta", f"must be in (0, 1), got {self.delta}")
         _check(self.clip_norm > 0, "clip_norm", f"must be > 0, got {self.clip_norm}")
         _check(
-            self.noise_multiplier is None or self.noise_multiplier >= MIN_NOISE_MULTIPLIER,
+            self.noise_multiplier is None
+            or MIN_NOISE_MULTIPLIER <= self.noise_multiplier <= MAX_NOISE_MULTIPLIER,
             "noise_multiplier",
             # the bounds are spelled out for docs/config-reference.md (its generator reads
-            # the words before ", got"); they are MIN_NOISE_MULTIPLIER, MIN_SAMPLING_RATE
-            f"must be >= 0.01 or null (calibrate), got {self.noise_multiplier}",
+            # the words before ", got"); they are MIN_/MAX_NOISE_MULTIPLIER, MIN_SAMPLING_RATE
+            f"must be in [0.01, 1e+06] or null (calibrate), got {self.noise_multiplier}",
         )
         _check(
             MIN_SAMPLING_RATE <= self.sampling_rate <= 1,

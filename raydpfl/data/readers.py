@@ -490,6 +490,11 @@ def load_sent140(
 # ---------------------------------------------------------------------------- image folders
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _IMAGE_SPLIT_SEED = 0
+#: The most pixels one image file may declare: 64 Mpx (8192 x 8192), below Pillow's own
+#: decompression-bomb limits (89 Mpx warns, 179 Mpx raises), checked from the header
+#: before any pixel is decoded. Every image is resized to `size` x `size` anyway; a file
+#: declaring more is a decompression bomb or a mistake, refused by name.
+MAX_IMAGE_PIXELS = 8192 * 8192
 
 
 def _class_dirs(directory: Path) -> list[Path]:
@@ -504,15 +509,34 @@ def _images(class_dir: Path) -> list[Path]:
 
 
 def _read_images(files: list[Path], size: int, mode: str) -> np.ndarray:
+    import warnings
+
     from PIL import Image, UnidentifiedImageError  # imported lazily; an optional dependency
 
     out = np.empty((len(files), size, size, 3 if mode == "RGB" else 1), dtype=np.uint8)
     for i, path in enumerate(files):
         try:
-            with Image.open(path) as img:
-                img = img.convert(mode).resize((size, size), Image.Resampling.BILINEAR)
-                out[i] = np.asarray(img, dtype=np.uint8).reshape(size, size, -1)
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(path) as img:
+                    width, height = img.size  # from the header; nothing decoded yet
+                    if width * height > MAX_IMAGE_PIXELS:
+                        raise ValueError(
+                            f"{path}: declares {width} x {height} pixels, more than an image "
+                            f"may have ({MAX_IMAGE_PIXELS:,}: a decompression bomb?)"
+                        )
+                    img = img.convert(mode).resize((size, size), Image.Resampling.BILINEAR)
+                    out[i] = np.asarray(img, dtype=np.uint8).reshape(size, size, -1)
+        except ValueError as exc:
+            if str(exc).startswith(f"{path}: declares"):
+                raise
+            raise ValueError(f"{path}: not a readable image ({exc})") from None
+        except (
+            UnidentifiedImageError,
+            OSError,
+            Image.DecompressionBombError,
+            Image.DecompressionBombWarning,
+        ) as exc:
             raise ValueError(f"{path}: not a readable image ({exc})") from None
     return out.transpose(0, 3, 1, 2)
 

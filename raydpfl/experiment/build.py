@@ -161,6 +161,16 @@ def _initial_model(
     except (ValueError, TypeError) as e:
         field_name = "experiment.model.name" if model is None else "model"
         raise ConfigError(field_name, str(e).removeprefix("model: ")) from None
+    buffers = [name for name, _ in net.named_buffers()]
+    if buffers and rt.vectorise_clients == "on":
+        # torch.func cannot train a model that writes its buffers in place inside the
+        # client-vectorised transform (a 100-line traceback in round 1); `auto` trains
+        # such a model one client at a time (`multi_client.pays_off`), as `off` does.
+        raise ConfigError(
+            "runtime.vectorise_clients",
+            f"on, but the model has buffers ({', '.join(buffers[:3])}), which the "
+            "client-vectorised path cannot update; use auto or off",
+        )
     return spec, net
 
 
@@ -409,7 +419,7 @@ def make_local_backend(exp: Experiment) -> Backend:
         rt.engine,
         rt.vectorise_clients,
     )
-    return LocalBackend(worker, worker_threads(rt.cpus_per_worker))
+    return LocalBackend(worker, worker_threads(rt.cpus_per_worker), rt.round_timeout_s)
 
 
 def run_experiment(

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from raydpfl.config import as_config_error
-from raydpfl.config.schema import ConfigError, PrivacyConfig
+from raydpfl.config.schema import MIN_NOISE_MULTIPLIER, ConfigError, PrivacyConfig
 from raydpfl.privacy.accountants import describe_accountant
 from raydpfl.privacy.calibration import noise_multiplier_for
 from raydpfl.privacy.plan import PrivacyPlan
@@ -100,7 +100,20 @@ def noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, boo
         sigma = noise_multiplier_for(
             privacy.epsilon, privacy.delta, privacy.sampling_rate, max_steps, privacy.accountant
         )
+    check_calibrated_floor(sigma, f"epsilon={privacy.epsilon:g} over {max_steps} steps")
     return sigma, True
+
+
+def check_calibrated_floor(sigma: float, what: str) -> None:
+    """A calibrated σ must respect the floor a configured one does (`MIN_NOISE_MULTIPLIER`):
+    a budget so large that σ < 0.01 spends it is refused, not run with near-zero noise."""
+    if 0 < sigma < MIN_NOISE_MULTIPLIER:
+        raise ConfigError(
+            "experiment.privacy.noise_multiplier",
+            f"calibrated to {sigma:.3g} for {what}, below the floor {MIN_NOISE_MULTIPLIER:g} "
+            "a configured sigma must respect (no useful privacy); lower the epsilon budget, "
+            f"or set noise_multiplier >= {MIN_NOISE_MULTIPLIER:g}",
+        )
 
 
 def check_delta(delta: float, sizes: np.ndarray) -> None:

@@ -84,7 +84,12 @@ CPU_MAX_PARAMS = 20_000
 
 def pays_off(model: nn.Module, device: torch.device | str) -> bool:
     """Whether training a group vectorised is expected to beat one client at a time:
-    always on a GPU (one small client cannot fill it), on CPU for small models only."""
+    always on a GPU (one small client cannot fill it), on CPU for small models only.
+    Never for a model with buffers: one that writes them in its forward (a running
+    statistic) cannot be trained inside torch.func's transforms, and no zoo model has
+    any; one client at a time trains it."""
+    if any(True for _ in model.buffers()):
+        return False
     if torch.device(device).type != "cpu":
         return True
     return sum(p.numel() for p in model.parameters()) <= CPU_MAX_PARAMS

@@ -30,6 +30,10 @@ class ServerLostError(RuntimeError):
     """The server actor died and the run could not continue from a checkpoint."""
 
 
+class ServerStartError(RuntimeError):
+    """The server actor could not be created (the same every time: not retried)."""
+
+
 def worker_threads(cpus_per_worker: float) -> int:
     """Torch threads of a worker with this CPU share: max(1, floor(cpus)).
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -317,6 +318,7 @@ class RunWriter:
             self.add_round(row)
         if not rows:
             (self.run_dir / "rounds.parquet").unlink(missing_ok=True)
+        self._split_merged_clients(rounds_completed)
         for part in (self.run_dir / CLIENT_PARTS).glob("round-*.parquet*"):
             if not part.name.endswith(".parquet") or int(part.stem.split("-")[1]) > (
                 rounds_completed
@@ -324,6 +326,34 @@ class RunWriter:
                 part.unlink()
         for stale in ("clients.parquet", "summary.json", "model.pt"):
             (self.run_dir / stale).unlink(missing_ok=True)
+
+    def _split_merged_clients(self, rounds_completed: int) -> None:
+        """Puts the rounds up to `rounds_completed` of a clients.parquet that an orderly
+        stop (Ctrl-C, SIGTERM, a failure) merged back into per-round files.
+
+        `close` merges the per-round files and deletes them, so that an interrupted run
+        leaves a readable clients.parquet; the resume then deletes that table as stale.
+        Without this, the rounds before the checkpoint were lost (after SIGKILL, `close`
+        never ran and the files survived). A round that still has its own file keeps it.
+        """
+        merged = self.run_dir / "clients.parquet"
+        if not merged.is_file():
+            return
+        try:
+            table = pq.read_table(merged)
+            rounds = table.column("round").to_pylist()
+        except (OSError, KeyError, pa.ArrowException) as exc:
+            raise ResumeError(f"{merged} cannot be read ({type(exc).__name__})") from None
+        parts = self.run_dir / CLIENT_PARTS
+        parts.mkdir(exist_ok=True)
+        for round_no in sorted(set(rounds)):
+            target = parts / f"round-{int(round_no):07d}.parquet"
+            if int(round_no) > rounds_completed or target.exists():
+                continue
+            mask = pc.equal(table.column("round"), pa.scalar(round_no, pa.int32()))
+            tmp = target.with_name(target.name + ".tmp")
+            pq.write_table(table.filter(mask), tmp)
+            os.replace(tmp, target)
 
     def write_ledger(self, ledger_dict: Mapping[str, Any]) -> None:
         """Saves the privacy ledger as JSON."""

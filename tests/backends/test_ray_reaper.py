@@ -60,3 +60,48 @@ def test_the_reaper_spares_a_reused_pid(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+AFTER_GCS_KILL = """
+import os, signal, sys, time
+from pathlib import Path
+from raydpfl.backends.ray.reaper import descendants
+from raydpfl.backends.ray.runner import connect, disconnect
+connect(None)
+time.sleep(1.0)
+def cmdline(pid):
+    return Path(f"/proc/{pid}/cmdline").read_text()
+mine = [p for p in descendants(os.getpid()) if "reaper.py" not in cmdline(p)]
+gcs = [p for p in mine if "gcs_server" in cmdline(p)]
+print(" ".join(map(str, mine)), flush=True)
+os.kill(gcs[0], signal.SIGKILL)
+time.sleep(1.0)
+disconnect()
+print("down", flush=True)
+time.sleep(120)  # the driver lives on (a notebook, a sweep): Ray's processes must not
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc")
+def test_no_ray_process_outlives_a_shutdown_after_the_gcs_was_killed():
+    child = subprocess.Popen(
+        [sys.executable, "-c", AFTER_GCS_KILL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        tree = {int(p): start_time(int(p)) for p in child.stdout.readline().split()}
+        assert len(tree) >= 3, tree  # gcs, raylet, agents
+        assert child.stdout.readline().strip() == "down"
+        deadline = time.monotonic() + 20  # before: agents stayed ~60 s
+        alive = tree
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+            alive = {pid: s for pid, s in tree.items() if s is not None and start_time(pid) == s}
+        assert child.poll() is None  # the driver is still running
+        assert alive == {}, f"still running: {sorted(alive)}"
+    finally:
+        child.kill()
+        child.wait()

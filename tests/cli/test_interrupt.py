@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from raydpfl.cli.main import main
+from tests.run_outputs import assert_same_outputs
 
 RAW = {
     "experiment": {
@@ -45,6 +46,7 @@ import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import raydpfl.simulation.outputs as outputs
 from raydpfl.cli.main import main
+from tests.run_outputs import assert_same_outputs
 add_round = outputs.RunWriter.add_round
 def slow_add_round(self, row):
     add_round(self, row)
@@ -98,6 +100,34 @@ def test_an_interrupted_run_says_how_to_resume_and_the_command_works(tmp_path, s
         resumed["model_sha256"]
         == json.loads((reference / "summary.json").read_text())["model_sha256"]
     )
+    assert_same_outputs(run_dir, reference)  # every table, not only the hashes
+
+
+@pytest.mark.slow  # a run, a resume and a reference run: ~25 s on 2 cores
+def test_a_sigkilled_run_resumes_to_every_output_of_an_uninterrupted_one(tmp_path):
+    raw = json.loads(json.dumps(RAW))
+    raw["experiment"]["algorithm"].update(
+        {"rounds": 12, "eval_every": 1, "evaluate_clients": True}
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "run", str(config), "--out", str(run_dir)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while _rounds_written(run_dir) < 7 and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    assert child.poll() is None, "the run finished before it could be killed"
+    child.kill()
+    child.wait(timeout=60)
+    assert (run_dir / "run.lock").exists()  # left behind: stale, and harmless
+    assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 0
+    reference = tmp_path / "reference"
+    assert main(["run", str(config), "--out", str(reference), "--no-progress"]) == 0
+    assert_same_outputs(run_dir, reference)
 
 
 @pytest.mark.slow

@@ -50,7 +50,8 @@ BAD: dict[str, tuple[bytes, str]] = {
     ),
     "vanishing noise multiplier": (
         b"experiment:\n  privacy: {noise_multiplier: 1.0e-300}\n" + LOCAL.encode(),
-        "experiment.privacy.noise_multiplier: must be >= 0.01 or null (calibrate), got 1e-300",
+        "experiment.privacy.noise_multiplier: must be in [0.01, 1e+06] or null (calibrate), "
+        "got 1e-300",
     ),
     "vanishing sampling rate": (
         b"experiment:\n  privacy: {sampling_rate: 1.0e-300}\n" + LOCAL.encode(),

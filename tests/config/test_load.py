@@ -57,7 +57,7 @@ def test_exponent_without_dot_loads_as_float(tmp_path):
         (
             {"experiment": {"privacy": {"noise_multiplier": 0}}},
             "experiment.privacy.noise_multiplier",
-            ">= 0.01",
+            "in [0.01, 1e+06]",
         ),
         (
             {"experiment": {"privacy": {"accountant": "gdp"}}},

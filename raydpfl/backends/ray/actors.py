@@ -11,6 +11,7 @@ import torch
 
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.backends.allocator import tune_allocator
+from raydpfl.backends.ray.runtime_env import check_same_code
 from raydpfl.simulation.worker import ClientWorker, ModelSpec
 
 
@@ -34,6 +35,7 @@ class RayClientWorker(ClientWorker):
         *,
         threads: int,
     ) -> None:
+        check_same_code()  # the driver's raydpfl (`runtime_env`), or refuse to start
         torch.set_num_threads(threads)
         tune_allocator()  # reuse freed step buffers instead of faulting pages in again
         dataset = ray.get(dataset_box[0])

@@ -1,6 +1,7 @@
 """Ends the Ray processes a driver started when the driver dies without shutting Ray down.
 
-A `raydpfl run` killed with SIGKILL (or by the OOM killer) never reaches `ray.shutdown()`.
+A `raydpfl run` killed with SIGKILL (or by the OOM killer) never reaches `ray.shutdown()`,
+and a `ray.shutdown()` after the GCS died cannot reach every process.
 Ray's raylet and GCS notice and exit, but its dashboard and runtime-env agents (Ray 2.60)
 stay behind, one pair per killed run. So, when raydpfl starts a local Ray instance, it
 also starts this small watcher (`start_reaper`): it waits for the driver to go, gives Ray
@@ -17,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -63,8 +65,11 @@ def start_reaper(driver_pid: int, pids: Iterable[int]) -> subprocess.Popen | Non
     records = [f"{pid}:{start}" for pid in pids if (start := start_time(pid)) is not None]
     if not records:
         return None
+    # This file run in isolated mode (-I: no PYTHONPATH, no cwd or script directory on
+    # sys.path; it needs the standard library only): `-m raydpfl...` would import the
+    # raydpfl of the working directory when that is another checkout.
     return subprocess.Popen(
-        [sys.executable, "-m", "raydpfl.backends.ray.reaper", str(driver_pid), *records],
+        [sys.executable, "-I", str(Path(__file__).resolve()), str(driver_pid), *records],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -83,10 +88,20 @@ def _signal(pids: Iterable[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+#: What `disconnect` sends the watcher once `ray.shutdown()` returned: end what is left
+#: now, without waiting for the driver to exit (a shutdown after the GCS was killed could
+#: not reach the agents, which otherwise stayed ~60 s, or as long as the driver lived).
+RELEASE = signal.SIGUSR1
+
+
 def watch(driver_pid: int, records: list[tuple[int, str]], poll_s: float = 0.5) -> None:
-    """Waits for the driver to exit, then ends what is left of `records`."""
+    """Waits for the driver to exit (or for `RELEASE`), then ends what is left of
+    `records`."""
+    released = []
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(RELEASE, lambda signum, frame: released.append(signum))
     driver_start = start_time(driver_pid)
-    while start_time(driver_pid) == driver_start and driver_start is not None:
+    while start_time(driver_pid) == driver_start and driver_start is not None and not released:
         time.sleep(poll_s)
     time.sleep(GRACE_S)
     _signal(_alive(records), signal.SIGTERM)
@@ -94,6 +109,6 @@ def watch(driver_pid: int, records: list[tuple[int, str]], poll_s: float = 0.5) 
     _signal(_alive(records), signal.SIGKILL)
 
 
-if __name__ == "__main__":  # python -m raydpfl.backends.ray.reaper DRIVER PID:START ...
+if __name__ == "__main__":  # python -I .../reaper.py DRIVER PID:START ...
     parsed = [(int(p), s) for p, s in (arg.split(":") for arg in sys.argv[2:])]
     watch(int(sys.argv[1]), parsed)

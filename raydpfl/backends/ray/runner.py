@@ -13,9 +13,11 @@ so a run inside a Tune trial or an existing session leaves Ray alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -28,10 +30,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydpfl.backends.allocator import tune_allocator
 from raydpfl.backends.ray.backend import RayBackend
-from raydpfl.backends.ray.reaper import descendants, start_reaper
+from raydpfl.backends.ray.reaper import RELEASE, descendants, start_reaper
+from raydpfl.backends.ray.runtime_env import CodeMismatchError, check_same_code, runtime_env_for
 from raydpfl.config.schema import ConfigError, RuntimeConfig
 from raydpfl.privacy.kernel import PrivacyContractError
-from raydpfl.simulation.backend import ServerLostError
+from raydpfl.registry.plugin_files import plugin_files
+from raydpfl.simulation.backend import ServerLostError, ServerStartError
 from raydpfl.simulation.experiment import Experiment, make_server
 from raydpfl.simulation.integrity import ResumeError, has_checkpoint
 from raydpfl.simulation.outputs import RunWriter
@@ -40,11 +44,37 @@ log = logging.getLogger(__name__)
 
 
 class ServerHost:
-    """The server actor: owns the `Server` and the worker pool for one run."""
+    """The server actor: owns the `Server` and the worker pool for one run.
+
+    A failure while starting (a resume refused: a broken or deleted charge log, a
+    checkpoint that disagrees with it, unreadable weights; a privacy contract broken) is
+    kept and raised by the first call, `next_round`, instead of by the constructor: an
+    exception in an actor's constructor reaches the driver as the actor's *death*, which
+    the driver would retry `max_restarts` times and then report as a crash. Raised by a
+    method, it arrives as itself (`_unwrap`), so the CLI says it in one line, exit 2,
+    as the local backend does.
+    """
 
     def __init__(
         self, exp: Experiment, dataset_box: list[Any], run_dir: str | None, resume: bool = False
     ) -> None:
+        self.backend: RayBackend | None = None
+        self.server: Any = None
+        self.refusal: BaseException | None = None
+        try:
+            self._start(exp, dataset_box, run_dir, resume)
+        except ray.exceptions.RayError:
+            raise  # Ray's own (an object lost with its node): a death, retried as one
+        except Exception as e:  # raised by next_round (see the class docstring)
+            self.refusal = e
+            if self.backend is not None:
+                self.backend.close()
+                self.backend = None
+
+    def _start(
+        self, exp: Experiment, dataset_box: list[Any], run_dir: str | None, resume: bool
+    ) -> None:
+        check_same_code()  # this actor runs the driver's raydpfl (`runtime_env`)
         rt = exp.config.runtime
         # Aggregation and the algorithm's server step run here while the workers wait
         # (evaluation runs on the workers, `RayBackend.evaluate_central`): the node's cores.
@@ -74,7 +104,10 @@ class ServerHost:
         self.server.checkpoint_start()  # nothing is lost if this actor dies in round 1
 
     def next_round(self) -> int:
-        """The index of the first round to run (> 0 after a resume)."""
+        """The index of the first round to run (> 0 after a resume); raises what stopped
+        the constructor, if anything did."""
+        if self.refusal is not None:
+            raise self.refusal
         return self.server.rounds_completed
 
     def run_round(self, round_idx: int) -> dict[str, Any] | None:
@@ -97,8 +130,14 @@ class ServerHost:
 
     def close(self) -> None:
         """Stops the workers and finalises the outputs written so far."""
-        self.server.close_outputs()
-        self.backend.close()
+        if self.server is not None:
+            self.server.close_outputs()
+        self.close_workers()
+
+    def close_workers(self) -> None:
+        """Stops the workers."""
+        if self.backend is not None:
+            self.backend.close()
 
 
 RemoteServerHost = ray.remote(ServerHost)
@@ -111,14 +150,20 @@ def connect(address: str | None) -> bool:
     authentication (on by default since Ray 2.52) is left on. A locally started instance
     listens on 127.0.0.1 only (`loopback.loopback_only`: Ray 2.60 binds its gRPC servers
     to the node address, which it would otherwise set to the host's reachable one), and
-    is watched by `reaper`: a driver killed outright leaves no Ray process.
+    is watched by `reaper`: a driver killed outright leaves no Ray process. The job's
+    runtime environment is `runtime_env.runtime_env_for` the loaded plug-in files: the
+    actors run the driver's raydpfl code and import its plug-ins from any path.
     """
     if ray.is_initialized():
         return False
+    # The actors run the driver's raydpfl and can import its plug-in files (`runtime_env`).
+    env = runtime_env_for([f for f in plugin_files() if f.is_file()])
     # ray.init puts a C++ SIGTERM handler in place of Python's, which aborts the process
     # (printing a stack) instead of letting the CLI stop in order (exit 143, the resume
     # command): a Python handler installed before is put back afterwards.
     sigterm = signal.getsignal(signal.SIGTERM)
+    token = ray_token_path()
+    token_existed, folder_existed = token.exists(), token.parent.exists()
     if address in (None, "local"):
         from raydpfl.backends.ray.loopback import LOOPBACK, loopback_only
 
@@ -129,16 +174,40 @@ def connect(address: str | None) -> bool:
                 include_dashboard=False,
                 logging_level="WARNING",
                 _node_ip_address=LOOPBACK,
+                runtime_env=env,
             )
         # If this process is killed outright, end the Ray processes it started (Ray 2.60
         # leaves its agents behind otherwise).
         global _reaper
         _reaper = start_reaper(os.getpid(), descendants(os.getpid()))
     else:
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level="WARNING", runtime_env=env)
     if callable(sigterm) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, sigterm)
+    if not token_existed:
+        make_private(token, folder=None if folder_existed else token.parent)
     return True
+
+
+def ray_token_path() -> Path:
+    """Where Ray 2.60 keeps the token of its token authentication (``~/.ray/auth_token``)."""
+    return Path.home() / ".ray" / "auth_token"
+
+
+def make_private(token: Path, folder: Path | None) -> None:
+    """Owner-only permissions for an authentication token that our `ray.init` created
+    (Ray writes it with the process umask: world-readable under the usual 022), and for
+    its folder when that was created too. Anyone who reads the token can submit jobs to
+    the cluster. Someone else's files, or ones that existed before, are left alone."""
+    for path, mode in ((token, 0o600), (folder, 0o700)):
+        if path is None:
+            continue
+        try:
+            st = path.stat()
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                path.chmod(mode)
+        except OSError:
+            pass
 
 
 #: The watcher of the Ray instance `connect` started (see `reaper`), if any.
@@ -150,9 +219,17 @@ def disconnect() -> None:
     global _reaper
     ray.shutdown()
     if _reaper is not None:
-        _reaper.terminate()
-        _reaper.wait(timeout=10)
+        # Not terminated: told to end, after its grace, whatever of Ray's processes the
+        # shutdown left (none, unless the GCS or a raylet was killed), then to exit.
+        with contextlib.suppress(ProcessLookupError):
+            _reaper.send_signal(RELEASE)
+        _released.append(_reaper)
+        _released[:] = [p for p in _released if p.poll() is None]  # reap the finished
         _reaper = None
+
+
+#: Watchers told to end (`disconnect`), kept until they have exited.
+_released: list[Any] = []
 
 
 def check_resources(rt: RuntimeConfig) -> None:
@@ -225,6 +302,10 @@ def run_on_ray(
             try:
                 return _drive_server(exp, run_dir, on_round, resume)
             except ray.exceptions.RayActorError as e:
+                if getattr(e, "actor_init_failed", False):
+                    # Its constructor could not even run (its arguments could not be
+                    # unpickled: a module missing on the node): the same every time.
+                    raise ServerStartError(_start_failure(e)) from None
                 if run_dir is None or not has_checkpoint(run_dir):
                     raise ServerLostError(
                         f"the server actor died ({type(e).__name__}) and the run has no "
@@ -258,11 +339,13 @@ def _serve_in_process(
 ) -> dict[str, Any]:
     """The server in this process (Ray already running), its workers as Ray actors."""
     host = ServerHost(exp, [ray.put(exp.dataset)], str(run_dir) if run_dir else None, resume)
+    if host.refusal is not None:
+        raise host.refusal
     host.server.on_round = on_round
     try:
         return host.server.run(host.backend)
     finally:
-        host.backend.close()
+        host.close_workers()
 
 
 def _drive_server(
@@ -291,6 +374,28 @@ def _drive_server(
             ray.kill(host, no_restart=True)
 
 
+def _start_failure(e: BaseException) -> str:
+    """One line for a server actor that could not be created: the exception its creation
+    task raised (the last ``Name: message`` line of the remote traceback), and the
+    plug-in files shipped to it."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", ln)]
+    cause = named[-1] if named else (lines[-1] if lines else type(e).__name__)
+    files = [Path(f).name for f in plugin_files()]
+    shipped = (
+        f"plug-in files shipped to the actors: {', '.join(files)}"
+        if files
+        else ("no plug-in file was shipped to the actors")
+    )
+    hint = ""
+    if cause.startswith("ModuleNotFoundError"):
+        hint = (
+            "; a module named in the experiment (a --plugin, or one it imports) must be "
+            "importable on every Ray node"
+        )
+    return f"the Ray server actor could not start: {cause} ({shipped}{hint})"
+
+
 def _unwrap(call: Callable[[], Any]) -> Any:
     """Re-raises an error from inside an actor as its own type (not RayTaskError); a
     refusal whose message is its whole story (a broken privacy contract, a resume
@@ -298,6 +403,6 @@ def _unwrap(call: Callable[[], Any]) -> Any:
     try:
         return call()
     except ray.exceptions.RayTaskError as e:
-        if isinstance(e.cause, (PrivacyContractError, ResumeError)):
+        if isinstance(e.cause, (PrivacyContractError, ResumeError, CodeMismatchError)):
             raise e.cause from None
         raise e.as_instanceof_cause() from None
