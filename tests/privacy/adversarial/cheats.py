@@ -1,0 +1,287 @@
+"""Plug-ins written against the public API by a researcher cutting corners (not a test module).
+
+Each class is what someone might write to get a smaller ε, a cleaner record or a faster run
+than the one they paid for: a subclass of a built-in of 5-15 lines, using only public names
+(classes, methods, arguments, returned values). `tests/privacy/adversarial/test_*.py` runs
+each one and checks that it is refused in one line or has no effect (the honest model and
+ε), and that whatever it did release outside a mechanism is listed by the platform.
+
+The kinds, as issue 49 lists them:
+1. a mechanism whose class (or instance) states its own cost;
+2. declarations the server would trust: count 0, a task kind other than ``train`` with no
+   mechanism, a q that is not the one trained at;
+3. live mechanisms fed any batch or any clipping engine, raw records;
+4. a receipt produced without the release: another session, another context, the stream;
+5. a weight rule that turns its own sensitivity check off;
+6. client level: an unclipped upload, a share added to something else;
+7. raw statistics in metrics or in extra result fields;
+8. refusals: one line, exit 2, naming the registered algorithm, client and round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from raydpfl.algorithms import ClientResult, DPFedAvg
+from raydpfl.algorithms.base import ClientContext, privacy_session
+from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
+from raydpfl.algorithms.fedavg import FedAvg
+from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_loop, dp_sgd_local_update
+from raydpfl.privacy.kernel import (
+    UNBOUNDED_WEIGHT_RULES,
+    PrivacySession,
+    SampledBatch,
+    SubsampledGaussian,
+    uses,
+)
+from raydpfl.privacy.ledger import PrivacyCost
+
+
+# ---- 1. the mechanism states its own cost ---------------------------------------------------
+class InstanceCost(DPFedAvg):
+    """Plants a cost method on each declared mechanism's instance that claims σ = 100."""
+
+    def plan(self, round_idx, cohort, train_sizes):
+        tasks = super().plan(round_idx, cohort, train_sizes)
+        for t in tasks:
+            m = t.mechanisms[0].mechanism
+            object.__setattr__(m, "cost", lambda n, q=m.sampling_rate: PrivacyCost(100.0, q, n))
+        return tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class LookAlikeGaussian:
+    """A look-alike of the kernel's SubsampledGaussian, with a generous cost."""
+
+    noise_multiplier: float
+    clip_norm: float
+    sampling_rate: float
+    population_level = False
+
+    def cost(self, n):
+        return PrivacyCost(100.0 * self.noise_multiplier, self.sampling_rate, n)
+
+
+class LookAlike(DPFedAvg):
+    """Declares its DP-SGD steps with the look-alike mechanism."""
+
+    def plan(self, round_idx, cohort, train_sizes):
+        fake = LookAlikeGaussian(self.noise_multiplier, self.clip_norm, self.sampling_rate)
+        return [
+            dataclasses.replace(t, mechanisms=(uses(fake, t.local_steps),))  # type: ignore[arg-type]
+            for t in super().plan(round_idx, cohort, train_sizes)
+        ]
+
+
+# ---- 2. declarations ------------------------------------------------------------------------
+class CountZero(DPFedAvg):
+    """Declares its DP-SGD mechanism with count 0, so it is charged nothing."""
+
+    def plan(self, round_idx, cohort, train_sizes):
+        return [
+            dataclasses.replace(t, mechanisms=(uses(t.mechanisms[0].mechanism, 0),))
+            for t in super().plan(round_idx, cohort, train_sizes)
+        ]
+
+
+class WarmupKind(DPFedAvg):
+    """Calls its training tasks ``warmup`` and declares nothing: plain SGD on the records."""
+
+    def plan(self, round_idx, cohort, train_sizes):
+        return [
+            dataclasses.replace(t, kind="warmup", mechanisms=(), batch_size=32)
+            for t in super().plan(round_idx, cohort, train_sizes)
+        ]
+
+    def local_update(self, ctx, params, data, task):
+        return FedAvg.local_update(self, ctx, params, data, task)  # type: ignore[arg-type]
+
+
+class TinyDeclaredQ(DPFedAvg):
+    """Declares q = 1e-6 (a tiny ε) while its config says 0.1, hoping to train at 0.1."""
+
+    def plan(self, round_idx, cohort, train_sizes):
+        tiny = SubsampledGaussian(self.noise_multiplier, self.clip_norm, 1e-6)
+        return [
+            dataclasses.replace(t, mechanisms=(uses(tiny, t.local_steps),))
+            for t in super().plan(round_idx, cohort, train_sizes)
+        ]
+
+
+# ---- 3. live mechanisms fed anything ----------------------------------------------------------
+class FullBatchForged(DPFedAvg):
+    """Samples through the mechanism, then hands the step a batch of every record."""
+
+    def local_update(self, ctx, params, data, task):
+        dp = privacy_session(ctx, task, data).dp_sgd()
+        for _ in range(task.local_steps):
+            dp.sample()
+            every = SampledBatch(dp, torch.arange(data.num_examples))
+            dp.step_(params, every, lr=task.lr, divisor=1.0)
+        raise AssertionError("unreachable: the step takes only the batch it drew")
+
+
+class NoClipEngine:
+    """A clipping engine that does not clip (every weight 1)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def clipped_sum(self, params, x, y, weight_rule, **kw):
+        return self.engine.clipped_sum(params, x, y, lambda n, *_: torch.ones_like(n), **kw)
+
+
+class OwnEngine(DPFedAvg):
+    """Gives the shared loop a context whose clipping engine does not clip."""
+
+    def local_update(self, ctx, params, data, task):
+        ctx = dataclasses.replace(ctx, clipping=NoClipEngine(ctx.clipping))
+        return dp_sgd_local_update(ctx, params, data, task)
+
+
+class MeanInTheUpdate(DPFedAvg):
+    """Trains honestly, then adds 1e-3 × the mean of its raw records to the bias."""
+
+    def local_update(self, ctx, params, data, task):
+        result = super().local_update(ctx, params, data, task)
+        x, _ = data.records()
+        result.update["linear.bias"] += 1e-3 * x.mean()
+        return result
+
+
+# ---- 4. a receipt without the release -------------------------------------------------------
+class OwnSessionOnly(DPFedAvg):
+    """Builds a PrivacySession of its own with σ = 0.01 and trains through it."""
+
+    def local_update(self, ctx, params, data, task):
+        weak = SubsampledGaussian(0.01, self.clip_norm, self.sampling_rate)
+        session = PrivacySession((uses(weak, task.local_steps),), ctx.generator, ctx.device)
+        dp = session.dp_sgd()
+        for _ in range(task.local_steps):
+            dp.step_(params, dp.sample(), lr=task.lr, divisor=1.0)
+        raise AssertionError("unreachable: a session no worker bound has no records")
+
+
+class NoSessionContext(DPFedAvg):
+    """Calls the shared loop with a context stripped of its session, hoping for a fresh one."""
+
+    def local_update(self, ctx, params, data, task):
+        bare = ClientContext(ctx.model, ctx.clipping, torch.Generator().manual_seed(0), ctx.device)
+        return dp_sgd_local_update(bare, params, data, task)
+
+
+class NoiseCanceller(DPFedAvg):
+    """Replays the context's stream to predict each step's noise and subtracts it."""
+
+    def local_update(self, ctx, params, data, task):
+        replay = torch.Generator().set_state(ctx.generator.get_state())
+        start, _ = dp_sgd_local_loop(ctx, params, data, task)
+        std = (
+            task.lr
+            * task.noise_multiplier
+            * task.clip_norm
+            / (task.sampling_rate * data.num_examples)
+        )
+        with torch.no_grad():
+            for _ in range(task.local_steps):
+                torch.rand(data.num_examples, generator=replay)  # the Poisson draw
+                for p in params.values():
+                    p.add_(torch.randn(p.shape, generator=replay), alpha=std)
+        return ClientResult(
+            task.client_id,
+            {n: params[n] - start[n] for n in params},
+            float(data.num_examples),
+            data.num_examples,
+        )
+
+
+# ---- 5. a weight rule that opts out of its check ------------------------------------------
+class LooseRule:
+    """Weights of 100: each sample contributes up to 100·‖g‖, far above C."""
+
+    unbounded_by_design = True  # the old opt-out, on the rule
+
+    def __call__(self, norms):
+        return torch.full_like(norms, 100.0)
+
+
+class UnboundedRule(DPFedAvg):
+    """Trains through the shared loop with `LooseRule`."""
+
+    def local_update(self, ctx, params, data, task):
+        start, _ = dp_sgd_local_loop(ctx, params, data, task, weight_rule=LooseRule())
+        n = data.num_examples
+        return ClientResult(task.client_id, {k: params[k] - start[k] for k in params}, float(n), n)
+
+
+class LateRunLevelOptOut(UnboundedRule):
+    """Sets the run-level opt-out on itself inside the client half, then uses `LooseRule`."""
+
+    def local_update(self, ctx, params, data, task):
+        setattr(self, UNBOUNDED_WEIGHT_RULES, True)
+        return super().local_update(ctx, params, data, task)
+
+
+class DeclaredRunLevelOptOut(UnboundedRule):
+    """Sets the run-level opt-out when it is built, as FedFDP's paper mode does."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        setattr(self, UNBOUNDED_WEIGHT_RULES, True)
+
+
+# ---- 6. client level ------------------------------------------------------------------------
+class UnclippedUpload(DPFedAvgClientLevel):
+    """Uploads its update without clipping it to S."""
+
+    def upload(self, ctx, task, update):
+        return dict(update), 0.0, self.clip_norm
+
+
+class ShareOnADummy(DPFedAvgClientLevel):
+    """With distributed noise: adds its share to zeros and uploads its clipped update bare."""
+
+    def upload(self, ctx, task, update):
+        from raydpfl.algorithms.dp_fedavg_client import ClientLevelAlgorithm
+        from raydpfl.privacy.client_level_mechanisms import GaussianShare
+
+        out, norm, clip = ClientLevelAlgorithm.upload(self, ctx, task, update)
+        ctx.privacy.get(GaussianShare).add({n: torch.zeros_like(t) for n, t in out.items()})
+        return out, norm, clip
+
+
+# ---- 7. raw statistics reach the outputs -----------------------------------------------------
+class RawMeanMetric(DPFedAvg):
+    """Reports the mean of its raw labels as a metric."""
+
+    def local_update(self, ctx, params, data, task):
+        result = super().local_update(ctx, params, data, task)
+        _, y = data.records()
+        result.metrics["label_mean"] = float(y.float().mean())
+        return result
+
+
+@dataclasses.dataclass
+class ResultWithRecords(ClientResult):
+    """A result that carries a few raw records beside the update."""
+
+    sample: torch.Tensor | None = None
+
+
+class ExtraField(DPFedAvg):
+    """Returns three of its records in an extra field of its result type."""
+
+    linear_aggregation = False
+
+    def local_update(self, ctx, params, data, task):
+        r = super().local_update(ctx, params, data, task)
+        x, _ = data.batch(torch.arange(3))
+        return ResultWithRecords(
+            r.client_id, r.update, r.weight, r.num_examples, r.metrics, sample=x
+        )
+
+
+#: Client-level cheats use the config's client-level options; the rest are record-level.
+CLIENT_LEVEL = {UnclippedUpload, ShareOnADummy}
