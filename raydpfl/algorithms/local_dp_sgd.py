@@ -308,7 +308,7 @@ def noisy_loss_query(
     *,
     mechanism: Mechanism | None = None,
     precision: LossPrecision = "float64",
-    with_raw_losses: bool = True,
+    with_raw_losses: bool = False,
 ) -> tuple[float, torch.Tensor | None]:
     """The client half of a noisy loss query: a fresh Poisson(q_l) batch from the task's
     own stream (independent of any gradient batch, so the mechanisms compose), the
@@ -317,7 +317,9 @@ def noisy_loss_query(
     `SubsampledGaussian(σ_l, C_l, q_l)` (`mechanism`, or the task's only one).
 
     Returns:
-        (the noisy mean loss, the raw per-sample losses: a diagnostic, not a release).
+        (the noisy mean loss, the raw per-sample losses if `with_raw_losses`, else None).
+        The raw losses are un-noised: asking for them makes the platform list
+        ``loss_query_raw_losses`` in the run's unaccounted releases.
     """
     session = privacy_session(ctx, task, data)
     query = session.get(mechanism) if mechanism is not None else session.get(SubsampledGaussian)

@@ -234,6 +234,6 @@ def test_noisy_loss_query_without_noise_is_the_clipped_mean_over_the_expected_ba
     query = ClientTask.dp_sgd(
         0, 0, 0, 0.0, noise_multiplier=0.0, clip_norm=10.0, sampling_rate=1.0, invocations=1
     )
-    noisy, raw = noisy_loss_query(ctx, params, data, query)
+    noisy, raw = noisy_loss_query(ctx, params, data, query, with_raw_losses=True)
     assert raw.numel() == 40  # q = 1: every record
     assert noisy == pytest.approx(float(raw.clamp(0, 10).double().sum()) / 40.0)

@@ -512,7 +512,7 @@ def dp_loss_query(
     """
     n = data.num_examples
     # the shared noisy loss query (FedFDP's loss upload), in the losses' float32
-    value, _ = noisy_loss_query(ctx, params, data, task, precision="native", with_raw_losses=False)
+    value, _ = noisy_loss_query(ctx, params, data, task, precision="native")
     return ClientResult(
         client_id=task.client_id,
         update={},

@@ -104,7 +104,8 @@ def release_loss(
     )
     n = data.num_examples
     # the shared noisy loss query, in float64, through the task's declared mechanism
-    noisy, losses = noisy_loss_query(ctx, model_params, data, task)
+    noisy, losses = noisy_loss_query(ctx, model_params, data, task, with_raw_losses=True)
+    assert losses is not None
     raw = float(losses.mean()) if losses.numel() else float("nan")
     return ClientResult(
         client_id=task.client_id,
