@@ -191,6 +191,31 @@ class ClientLevelCost:
             self.tree_rounds,
         )
 
+    def dp_event(self) -> Any:
+        """This charge as dp-accounting's typed event, one to one: ``steps`` compositions
+        (``SelfComposedDpEvent``) of ``PoissonSampledDpEvent(q, GaussianDpEvent(σ))``
+        (poisson), ``SampledWithoutReplacementDpEvent(N, K, GaussianDpEvent(σ/2))`` (fixed,
+        replace-one: `fixed_event_noise_multiplier`) or
+        ``SingleEpochTreeAggregationDpEvent(σ, T)`` (tree)."""
+        import dp_accounting
+
+        gaussian = dp_accounting.GaussianDpEvent
+        if self.sampling == "poisson":
+            one: Any = dp_accounting.PoissonSampledDpEvent(
+                self.sampling_rate, gaussian(self.noise_multiplier)
+            )
+        elif self.sampling == "fixed":
+            one = dp_accounting.SampledWithoutReplacementDpEvent(
+                self.population,
+                self.cohort_size,
+                gaussian(fixed_event_noise_multiplier(self.noise_multiplier)),
+            )
+        else:
+            one = dp_accounting.SingleEpochTreeAggregationDpEvent(
+                self.noise_multiplier, self.tree_rounds
+            )
+        return dp_accounting.SelfComposedDpEvent(one, self.steps)
+
     def key(self) -> tuple[Any, ...]:
         """Everything but `steps` (charges with equal keys merge)."""
         return (

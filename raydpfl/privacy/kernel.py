@@ -83,6 +83,7 @@ __all__ = [
     "SubsampledGaussian",
     "check_receipt",
     "costs_of",
+    "dp_event",
     "kernel_cost",
     "laplace_noise",
     "per_sample_losses",
@@ -338,6 +339,14 @@ def kernel_cost(mechanism: Mechanism, invocations: int) -> Any:
             "cannot be computed by the kernel"
         )
     return kind.cost(mechanism, invocations)
+
+
+def dp_event(use: MechanismUse) -> Any:
+    """The dp-accounting ``DpEvent`` a declared use costs (`kernel_cost`'s event, typed):
+    what a reviewer composes with dp-accounting's own accountants to check a ledger.
+    None for a population-level share (charged with its round)."""
+    cost = use.cost
+    return None if cost is None else cost.dp_event()
 
 
 def uses(mechanism: Mechanism, count: int = 1) -> MechanismUse:

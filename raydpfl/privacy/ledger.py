@@ -123,6 +123,28 @@ class PrivacyCost:
             raise ValueError(f"a {self.mechanism} charge has no Gaussian triple")
         return (self.noise_multiplier, self.sampling_rate, self.steps)
 
+    def dp_event(self) -> Any:
+        """This charge as dp-accounting's typed event, one to one: ``steps`` compositions
+        (``SelfComposedDpEvent``) of ``PoissonSampledDpEvent(q, GaussianDpEvent(σ))`` (a
+        subsampled Gaussian; q = 1: the bare ``GaussianDpEvent(σ)``) or ``LaplaceDpEvent(b)``.
+        The RDP accountants compose exactly these (``tests/privacy/test_dp_events.py``
+        checks the ε agree). An ``approx_dp`` charge (a release certified (ε, δ) per
+        invocation) has no event in dp-accounting: None (the ledger composes it by basic
+        composition)."""
+        import dp_accounting
+
+        if self.mechanism == "laplace":
+            one: Any = dp_accounting.LaplaceDpEvent(self.noise_multiplier)
+        elif self.mechanism == "approx_dp":
+            return None
+        elif self.sampling_rate == 1.0:
+            one = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        else:
+            one = dp_accounting.PoissonSampledDpEvent(
+                self.sampling_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier)
+            )
+        return dp_accounting.SelfComposedDpEvent(one, self.steps)
+
     def history_entry(self) -> ExtendedEntry:
         """The accountants' entry (see :data:`raydpfl.privacy.accountants.ExtendedEntry`)."""
         if self.mechanism == "laplace":
