@@ -457,6 +457,23 @@ class LivePopulationMechanism:
         self.mechanism = mechanism
         self.streams = streams
         self.count = 0
+        self._session: PopulationSession | None = None
+
+    def _check_sum(self, released: Mapping[str, torch.Tensor]) -> None:
+        """The release is of the round's actual sum of uploads: the server sets it on the
+        session before the aggregation (`PopulationSession._expect`), so noising a dummy
+        while the real sum goes out elsewhere is refused. No expectation: a direct call."""
+        actual = None if self._session is None else self._session._actual
+        if actual is None:
+            return
+        same = set(released) == set(actual) and all(
+            torch.equal(released[n].to(actual[n].device), actual[n]) for n in actual
+        )
+        if not same:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: the released sum is not the round's sum of "
+                "client uploads; the charged noise must be added to that sum"
+            )
 
 
 class LiveGaussianSum(LivePopulationMechanism):
@@ -466,6 +483,7 @@ class LiveGaussianSum(LivePopulationMechanism):
 
     def release(self, clipped_sum: Mapping[str, torch.Tensor]) -> Params:
         """Σ + N(0, σ²S²): a new mapping (the inputs are not modified)."""
+        self._check_sum(clipped_sum)
         self.count += 1
         gen = self.streams.round(NOISE_PURPOSE)
         return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
@@ -490,6 +508,7 @@ class LiveAdaptiveClipSum(OpenInvocation, LivePopulationMechanism):
                 f"{self.mechanism.describe()}: a second update-sum release before the "
                 "count of unclipped updates (one release of each per invocation)"
             )
+        self._check_sum(clipped_sum)
         self._open = True
         gen = self.streams.round(NOISE_PURPOSE)
         return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
@@ -512,6 +531,7 @@ class LiveDistributedSum(LivePopulationMechanism):
     mechanism: DistributedGaussianSum
 
     def release(self, summed: Params, tasks: Sequence[Any]) -> Params:
+        self._check_sum(summed)
         self.count += 1
         share = self.mechanism.share
         for task in tasks:
@@ -588,7 +608,15 @@ class PopulationSession(PrivacySession):
         self.streams = streams
         self.round_idx = streams.round_idx
         self._notes: dict[str, None] = {}
+        self._actual: Mapping[str, torch.Tensor] | None = None
         self._live = [type(u.mechanism).live(u.mechanism, streams) for u in self.declared]  # type: ignore[call-arg]
+        for live in self._live:
+            live._session = self
+
+    def _expect(self, total: Mapping[str, torch.Tensor] | None) -> None:
+        """The round's actual sum of client uploads (the server's call), which a sum
+        release must be of."""
+        self._actual = None if total is None else dict(total)
 
 
 def population_charge(declared: Sequence[MechanismUse]) -> ClientLevelCost | None:

@@ -243,7 +243,7 @@ class Server:
             total = WeightedUpdateSum.merged(partials)
             _check_receipts(tasks, total.receipts)
             self._note_releases([r for _, r in total.receipts], total.metric_sums)
-            with self._round_session(round_idx):
+            with self._round_session(round_idx, total.total):
                 self.params = with_round(algo.aggregate_sum, server_round)(
                     self.params, tasks, total
                 )
@@ -435,7 +435,9 @@ class Server:
         return declared
 
     @contextlib.contextmanager
-    def _round_session(self, round_idx: int) -> Iterator[None]:
+    def _round_session(
+        self, round_idx: int, actual_sum: Mapping[str, torch.Tensor] | None = None
+    ) -> Iterator[None]:
         """Client-level rounds: the aggregation runs with the round's `PopulationSession`
         set on the algorithm (``round_session``); afterwards its receipt must equal the
         declared, charged releases (`check_round_receipt`: one line naming the round)."""
@@ -445,6 +447,7 @@ class Server:
             return
         seed = getattr(self.algorithm, "seed", self.settings.run_seed)
         session = open_round_session(self.algorithm, round_idx, declared, seed)
+        session._expect(actual_sum)  # a sum release must be of the round's uploads
         setattr(self.algorithm, ROUND_SESSION_ATTR, session)
         try:
             yield

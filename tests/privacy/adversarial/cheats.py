@@ -252,6 +252,19 @@ class ShareOnADummy(DPFedAvgClientLevel):
         return out, norm, clip
 
 
+class NoiseOnADummy(DPFedAvgClientLevel):
+    """Server half: draws the round's charged noise on zeros and applies the bare sum."""
+
+    def aggregate_sum(self, global_params, tasks, total):
+        from raydpfl.algorithms.dp_fedavg_client import dp_fedavg_update
+        from raydpfl.privacy.client_level_mechanisms import round_session
+
+        live = round_session(self, self._round, self.round_mechanisms, self.seed).get()
+        live.release({n: torch.zeros_like(t) for n, t in global_params.items()})
+        bare = {n: total.total[n] for n in global_params}
+        return dp_fedavg_update(global_params, bare, self.expected_cohort)
+
+
 # ---- 7. raw statistics reach the outputs -----------------------------------------------------
 class RawMeanMetric(DPFedAvg):
     """Reports the mean of its raw labels as a metric."""
@@ -284,4 +297,4 @@ class ExtraField(DPFedAvg):
 
 
 #: Client-level cheats use the config's client-level options; the rest are record-level.
-CLIENT_LEVEL = {UnclippedUpload, ShareOnADummy}
+CLIENT_LEVEL = {UnclippedUpload, ShareOnADummy, NoiseOnADummy}

@@ -227,6 +227,11 @@ def test_a_share_added_to_something_else_is_refused():
         )
 
 
+def test_server_noise_on_anything_but_the_rounds_sum_is_refused():
+    with pytest.raises(PrivacyContractError, match="not the round's sum of client uploads"):
+        _run_client_level(cheats.NoiseOnADummy)
+
+
 # ---- 7. raw statistics reach the outputs -----------------------------------------------------
 def test_a_raw_metric_is_listed_by_the_platform():
     summary = _run(_record(cheats.RawMeanMetric))
