@@ -18,13 +18,10 @@ The same class runs in-process and inside a Ray actor; it never imports Ray.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import math
 import time
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,28 +36,18 @@ from raydpfl.algorithms.base import (
     WeightedUpdateSum,
     with_round,
 )
-from raydpfl.privacy.client_level import POPULATION, ClientLevelLedger
-from raydpfl.privacy.client_level_mechanisms import (
-    ROUND_SESSION_ATTR,
-    check_round_receipt,
-    open_round_session,
-    population_charge,
-)
+from raydpfl.privacy.client_level import ClientLevelLedger
 from raydpfl.privacy.kernel import (
-    RAW_RECORDS_NOTE,
     MechanismUse,
-    PrivacyContractError,
-    Receipt,
-    check_receipt,
 )
 from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
+from raydpfl.simulation.charging import PrivacyAccounting, check_receipts, diverged
 from raydpfl.simulation.evaluation import CentralTestSet, EvalResult
 from raydpfl.simulation.fairness import fairness_metrics
 from raydpfl.simulation.finite import check_finite_model
 from raydpfl.simulation.integrity import (
-    ResumeDivergedError,
     ResumeError,
     check_row_epsilons,
     first_ledger_difference,
@@ -92,7 +79,7 @@ class ServerSettings:
     client_names: Sequence[str] = ()
 
 
-class Server:
+class Server(PrivacyAccounting):
     """Runs a federated simulation on a backend.
 
     Args:
@@ -193,7 +180,7 @@ class Server:
             backend, round_idx, arrived, server_round
         )
         if self._logged.pop(round_idx, None):  # the interrupted run charged more
-            raise _diverged(round_idx)
+            raise diverged(round_idx)
         row = self._round_row(round_idx, dispatched, refused, trained, received)
         if self.settings.dropout:
             row["clients_dropped"] = len(dispatched) - len(arrived)
@@ -241,7 +228,7 @@ class Server:
             groups = group_tasks(tasks, self.train_sizes, self.settings.aggregation_groups)
             partials = backend.run_groups(self.params, groups) if groups else []
             total = WeightedUpdateSum.merged(partials)
-            _check_receipts(tasks, total.receipts)
+            check_receipts(tasks, total.receipts)
             self._note_releases([r for _, r in total.receipts], total.metric_sums)
             with self._round_session(round_idx, total.total):
                 self.params = with_round(algo.aggregate_sum, server_round)(
@@ -250,7 +237,7 @@ class Server:
             check_finite_model(self.params, round_idx, [t.client_id for t in tasks])
             return total.count, len(partials), total.metric_means(), []
         results = backend.run_tasks(self.params, tasks) if tasks else []
-        _check_receipts(tasks, [(r.client_id, r.receipt) for r in results])
+        check_receipts(tasks, [(r.client_id, r.receipt) for r in results])
         self._note_results(results)
         with self._round_session(round_idx):
             self.params = with_round(algo.aggregate, server_round)(self.params, tasks, results)
@@ -262,263 +249,9 @@ class Server:
         extra_sent, _ = self._charge(round_idx, extra)
         if extra_sent:
             followups = backend.run_tasks(self.params, extra_sent)
-            _check_receipts(extra_sent, [(r.client_id, r.receipt) for r in followups])
+            check_receipts(extra_sent, [(r.client_id, r.receipt) for r in followups])
             self._note_results(followups)
         return len(results), len(results), metrics, followups
-
-    def _stamp_bound(self, tasks: Sequence[ClientTask]) -> list[ClientTask]:
-        """In a client-level round, every task carries the round's S (the bound of its
-        declared population mechanism) for the worker's upload check; otherwise none."""
-        bound = None
-        for use in self._round_declared or ():
-            if use.mechanism.population_level and hasattr(use.mechanism, "clip_norm"):
-                bound = float(use.mechanism.clip_norm)  # type: ignore[attr-defined]
-                break
-        return [
-            t
-            if t.client_update_bound == bound
-            else dataclasses.replace(t, client_update_bound=bound)
-            for t in tasks
-        ]
-
-    def _note_results(self, results: Sequence[ClientResult]) -> None:
-        self._note_releases(
-            [r.receipt for r in results],
-            {k: 0.0 for r in results for k in r.metrics},
-            [_extra_fields(r) for r in results],
-        )
-
-    def _note_releases(
-        self,
-        receipts: Sequence[Receipt | None],
-        metric_keys: Mapping[str, Any],
-        extra_fields: Sequence[Sequence[str]] = (),
-    ) -> None:
-        """Lists what reached the server from the client halves outside a mechanism: the
-        platform's notes on each receipt (raw record access, batch sizes, ...), every
-        client metric (rounds.parquet averages them) and any field a result type adds
-        beside the update. Private runs only; the list is the platform's, whatever the
-        algorithm's own `unaccounted_releases` says."""
-        if not self.algorithm.is_private:
-            return
-        found = self._platform_unaccounted
-        # Client-level DP covers everything a client's records do to its clipped update:
-        # its local training reads them by design.
-        client_level = self.algorithm.privacy_unit == "client"
-        for receipt in receipts:
-            for note in receipt.notes if receipt is not None else ():
-                if not (client_level and note == RAW_RECORDS_NOTE):
-                    found.setdefault(note, None)
-        for key in sorted(metric_keys):
-            found.setdefault(
-                f"client_metric {key} (reported by the client half outside a mechanism; "
-                "averaged into rounds.parquet)",
-                None,
-            )
-        for names in extra_fields:
-            for name in names:
-                found.setdefault(
-                    f"client_result_field {name} (returned beside the update outside a mechanism)",
-                    None,
-                )
-
-    def _charge(
-        self, round_idx: int, tasks: Sequence[ClientTask]
-    ) -> tuple[list[ClientTask], list[ClientTask]]:
-        """Charges each task's declared cost before dispatch; refuses unaffordable tasks.
-
-        The batch of charges is logged (and synced) before the tasks are dispatched. In a
-        resumed run, a replayed round must make exactly the charges the crashed run
-        logged; anything else is an error rather than a silently different ledger.
-        """
-        dispatched, refused = self._charge_tasks(tasks)
-        charges = [(t.client_id, cost.to_dict()) for t in dispatched for cost in t.privacy_costs]
-        if not charges:
-            return dispatched, refused
-        self._log_charges(round_idx, charges)
-        return dispatched, refused
-
-    def _count_charge(self, cost: Mapping[str, Any]) -> None:
-        key = tuple(sorted((k, v) for k, v in cost.items() if k != "steps"))
-        entry = self._charged.setdefault(key, [0, 0])
-        entry[0] += int(cost.get("steps", 1))
-        entry[1] += 1
-
-    def charged_events(self) -> list[dict[str, Any]]:
-        """Every distinct event the ledger was charged (its fields, with ``steps`` the
-        total over all charges and ``charges`` their number), in first-charge order."""
-        return [
-            {**dict(key), "steps": steps, "charges": count}
-            for key, (steps, count) in self._charged.items()
-        ]
-
-    def _privacy_block(self, stated: Mapping[str, Any]) -> dict[str, Any]:
-        """summary.json's privacy block: the plan's statement, with σ and q replaced by
-        what the ledger was actually charged (one value, or the distinct values in charge
-        order), and the charged events themselves. A field the config stated but no charge
-        carries is kept as stated."""
-        out = dict(stated)
-        events = self.charged_events()
-        out["charged"] = events
-        sgm = [
-            e for e in events if e.get("mechanism", "subsampled_gaussian") == "subsampled_gaussian"
-        ]
-        for name in ("noise_multiplier", "sampling_rate"):
-            values = list(dict.fromkeys(e[name] for e in sgm if e.get(name) is not None))
-            if values:
-                out[name] = values[0] if len(values) == 1 else values
-        return out
-
-    def _charge_round(self, round_idx: int) -> bool:
-        """Client-level runs: charges the event of the round's declared population-level
-        mechanisms (`round_declaration`) to the `ClientLevelLedger` before anything of the
-        round is drawn or dispatched, and logs it like a task's charge. False (and the
-        stop reason) when it would exceed the client-level budget: the round is not run."""
-        self._round_declared = None
-        declared = self._round_declaration(round_idx)
-        if declared is None:
-            return True
-        self._round_declared = declared
-        cost = population_charge(declared)
-        if cost is None:  # e.g. a later round of a DP-FTRL tree, paid by its first
-            return True
-        if not isinstance(self.ledger, ClientLevelLedger):
-            raise ValueError(
-                f"algorithm {self.algorithm.name!r} declares a client-level round cost, but the "
-                "run's ledger is record-level: units never mix in one run"
-            )
-        if self.ledger.would_exceed(POPULATION, cost):
-            eps = self.ledger.epsilon_after(POPULATION, cost)
-            self.stop_reason = (
-                f"client-level privacy budget exhausted: round {round_idx + 1} would raise "
-                f"epsilon to {eps:.4g} > {self.ledger.epsilon_budget:g}"
-            )
-            return False
-        stats = self._epsilon_stats()
-        self.ledger.charge(POPULATION, cost)
-        if stats is not None:
-            stats.update([POPULATION], 1)
-        self._log_charges(round_idx, [(POPULATION, cost.to_dict())])
-        return True
-
-    def _round_declaration(self, round_idx: int) -> tuple[MechanismUse, ...] | None:
-        """The round's population-level mechanisms (``algorithm.round_mechanisms``), or
-        None for an algorithm whose costs are its tasks'. A client-level private algorithm
-        must declare at least one release per round, and a `round_privacy_cost` it states
-        must be its mechanisms' event: σ or a cost cannot be stated on the side."""
-        algo = self.algorithm
-        declared_uses = algo.round_mechanisms(round_idx)
-        client_level = algo.is_private and algo.privacy_unit == "client"
-        if declared_uses is None:
-            if client_level or algo.round_privacy_cost(round_idx) is not None:
-                raise PrivacyContractError(
-                    f"round {round_idx + 1}: algorithm {algo.name!r} is client-level but "
-                    "declares no round mechanisms (round_mechanisms(round_idx), from "
-                    "raydpfl.privacy.client_level_mechanisms): its server-side noise would "
-                    "not be drawn through the kernel"
-                )
-            return None
-        declared = tuple(declared_uses)
-        if client_level and not any(u.count for u in declared):
-            raise PrivacyContractError(
-                f"round {round_idx + 1}: algorithm {algo.name!r} is client-level private but "
-                "its round declares no release (round_mechanisms); nothing would be noised"
-            )
-        charge = population_charge(declared)
-        stated = algo.round_privacy_cost(round_idx)
-        if stated != charge:
-            raise PrivacyContractError(
-                f"round {round_idx + 1}: algorithm {algo.name!r} states the round cost "
-                f"{stated!r} but its declared mechanisms cost {charge!r}; the charge is the "
-                "mechanisms' own event"
-            )
-        return declared
-
-    @contextlib.contextmanager
-    def _round_session(
-        self, round_idx: int, actual_sum: Mapping[str, torch.Tensor] | None = None
-    ) -> Iterator[None]:
-        """Client-level rounds: the aggregation runs with the round's `PopulationSession`
-        set on the algorithm (``round_session``); afterwards its receipt must equal the
-        declared, charged releases (`check_round_receipt`: one line naming the round)."""
-        declared = self._round_declared
-        if declared is None:
-            yield
-            return
-        seed = getattr(self.algorithm, "seed", self.settings.run_seed)
-        session = open_round_session(self.algorithm, round_idx, declared, seed)
-        session._expect(actual_sum)  # a sum release must be of the round's uploads
-        setattr(self.algorithm, ROUND_SESSION_ATTR, session)
-        try:
-            yield
-        finally:
-            setattr(self.algorithm, ROUND_SESSION_ATTR, None)
-        check_round_receipt(round_idx, declared, session.receipt())
-
-    def _log_charges(self, round_idx: int, charges: list[tuple[int, dict[str, Any]]]) -> None:
-        """Appends a batch of charges to the log (synced), or, in a replayed round, checks
-        it against the batch the interrupted run logged."""
-        for _, cost in charges:
-            self._count_charge(cost)
-        logged = self._logged.get(round_idx)
-        if logged:
-            expected = logged.pop(0)
-            if json.loads(json.dumps([[c, d] for c, d in charges])) != expected:
-                raise _diverged(round_idx)
-            self._log_position += 1
-        elif self.writer is not None:
-            self.writer.log_charges(round_idx, charges)
-            self._log_position += 1
-
-    def _charge_tasks(
-        self, tasks: Sequence[ClientTask]
-    ) -> tuple[list[ClientTask], list[ClientTask]]:
-        dispatched, refused = [], []
-        charged: list[int] = []
-        stats = self._epsilon_stats()
-        for task in tasks:
-            costs = task.privacy_costs
-            if costs:
-                if self.ledger is None:
-                    raise ValueError(
-                        f"task for client {task.client_id} has a privacy cost but no ledger"
-                    )
-                # charged before release; refused (nothing recorded) over the budget
-                if len(costs) == 1:
-                    charged_eps = self.ledger.try_charge(task.client_id, costs[0])
-                else:  # all of the task's mechanisms, or none of them
-                    charged_eps = self.ledger.try_charge_all(task.client_id, costs)
-                if charged_eps is None:
-                    refused.append(task)
-                    continue
-                charged.append(task.client_id)
-            dispatched.append(task)
-        if charged and stats is not None:
-            stats.update(charged, len(charged))
-        return dispatched, refused
-
-    def _budget_exhausted(self, refused: Sequence[ClientTask]) -> bool:
-        assert self.ledger is not None  # only private tasks are ever refused
-        costs = refused[0].privacy_costs
-        assert costs
-        if len(costs) == 1:
-            return all(self.ledger.would_exceed(c, costs[0]) for c in range(self.num_clients))
-        return all(self.ledger.would_exceed_all(c, costs) for c in range(self.num_clients))
-
-    def _check_declared(self, tasks: Sequence[ClientTask]) -> None:
-        """A private record-level algorithm's training tasks must release through at least
-        one declared mechanism: one that declares none would train on the client's
-        records and report ε = 0."""
-        algo = self.algorithm
-        if not algo.is_private or algo.privacy_unit != "record":
-            return
-        for task in tasks:
-            if task.kind == "train" and not task.mechanisms:
-                raise PrivacyContractError(
-                    f"client {task.client_id}, round {task.round_idx + 1}: algorithm "
-                    f"{algo.name!r} is private but its train task declares no mechanism "
-                    "(ClientTask.mechanisms); nothing would be charged for its training"
-                )
 
     # ---- checkpoints ----------------------------------------------------------------
     def checkpoint_start(self) -> None:
@@ -876,43 +609,6 @@ class Server:
             stated = out.get("privacy")
             out["privacy"] = self._privacy_block(stated if isinstance(stated, Mapping) else {})
         return out
-
-
-#: The fields every `ClientResult` has; a result type's other fields travel beside the
-#: update and are listed as unaccounted (`Server._note_releases`).
-_RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientResult))
-
-
-def _extra_fields(result: ClientResult) -> list[str]:
-    if not dataclasses.is_dataclass(result):
-        return []
-    return [f.name for f in dataclasses.fields(result) if f.name not in _RESULT_FIELDS]
-
-
-def _check_receipts(
-    tasks: Sequence[ClientTask], receipts: Sequence[tuple[int, Receipt | None]]
-) -> None:
-    """Every result's receipt equals its task's declaration (`check_receipt`); results
-    come back in plan order per client."""
-    pending: dict[int, deque[ClientTask]] = defaultdict(deque)
-    for t in tasks:
-        pending[t.client_id].append(t)
-    for client_id, receipt in receipts:
-        queue = pending.get(client_id)
-        if not queue:
-            raise PrivacyContractError(
-                f"client {client_id}: a result arrived for a task that was not dispatched"
-            )
-        task = queue.popleft()
-        check_receipt(client_id, task.round_idx, task.kind, task.mechanisms, receipt)
-
-
-def _diverged(round_idx: int) -> ResumeDivergedError:
-    return ResumeDivergedError(
-        f"resume diverged from the interrupted run in round {round_idx + 1}: the replayed "
-        "charges differ from ledger_log.jsonl (different code, config or hardware?); the "
-        "ledger log is the record of what was charged"
-    )
 
 
 def _epsilon_unit(metadata: Mapping[str, Any]) -> str:
