@@ -72,39 +72,28 @@ class BuildContext:
 def import_plugins(plugins: Sequence[str]) -> None:
     """Imports each ``--plugin``: a module name (``my_pkg.algos``) or a ``.py`` file from
     any path, imported as the module of its stem (so that its ``raydpfl.register_*``
-    calls run); a file already imported from the same path is not imported again.
+    calls run) through `raydpfl.registry.plugin_files.import_plugin`, which remembers the
+    file for the Ray actors' runtime environment; a file already imported from the same
+    path is not imported again.
 
     Raises:
-        ConfigError: Under ``--plugin``: no such file, or its import failed (the error in
-            one line).
+        ConfigError: Under ``--plugin``: no such file, or its import failed, raised or
+            called ``sys.exit`` (the error in one line).
     """
-    import importlib
-    import importlib.util
     import sys
     from pathlib import Path
 
+    from raydpfl.registry.plugin_files import PluginImportError, import_plugin
+
     for plugin in plugins:
-        path = Path(plugin)
+        if plugin.endswith(".py"):
+            module = sys.modules.get(Path(plugin).stem)
+            if module is not None and getattr(module, "__file__", None) == str(Path(plugin)):
+                continue
         try:
-            if plugin.endswith(".py"):
-                if not path.is_file():
-                    raise ConfigError("--plugin", f"no such file {plugin!r}")
-                module = sys.modules.get(path.stem)
-                if module is None or getattr(module, "__file__", None) != str(path):
-                    spec = importlib.util.spec_from_file_location(path.stem, path)
-                    assert spec is not None and spec.loader is not None
-                    module = importlib.util.module_from_spec(spec)
-                    sys.modules[path.stem] = module
-                    spec.loader.exec_module(module)
-            else:
-                importlib.import_module(plugin)
-        except ConfigError:
-            raise
-        except Exception as e:
-            text = " ".join(str(e).split())
-            raise ConfigError(
-                "--plugin", f"cannot import {plugin!r}: {type(e).__name__}: {text}"
-            ) from None
+            import_plugin(plugin)
+        except PluginImportError as e:
+            raise ConfigError("--plugin", str(e)) from None
 
 
 def parse_options(entry: registry.Entry, raw: Mapping[str, Any], field: str) -> Any:
