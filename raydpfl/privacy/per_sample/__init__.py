@@ -1,4 +1,8 @@
-"""Per-sample rules for the book-keeping engine beyond Linear, Conv2d and GroupNorm.
+"""Per-sample clipping: the DP-SGD step (`dpsgd`), its engines (`engines` chooses between
+`dpsgd.PerSampleGradients` and `bookkeeping.BookkeepingClipping`; `param_binding` binds
+the parameters per step; `multi_client` vectorises over clients), and, in this package's
+namespace, the per-sample rules for the book-keeping engine beyond Linear, Conv2d and
+GroupNorm.
 
 A rule turns one layer call's record — the layer's input ``a`` and the gradient of the
 summed loss at its output ``g`` (each row a sample's own, since no layer mixes samples)
