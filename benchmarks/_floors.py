@@ -34,8 +34,8 @@ from torch.func import functional_call, grad, vmap
 
 from raydpfl.algorithms import DPFedAvg
 from raydpfl.experiment.build import Experiment
-from raydpfl.privacy import counter_noise
-from raydpfl.privacy.noise_samplers import seeded_stream
+from raydpfl.privacy.noise import counter_noise
+from raydpfl.privacy.noise.noise_samplers import seeded_stream
 from raydpfl.simulation.reduction import lpt_bins
 from raydpfl.simulation.seeding import SERVER, numpy_rng, torch_generator
 
@@ -91,7 +91,7 @@ class BatchPlan:
     noise_multiplier: float
     #: raydpfl's Gaussian sampler (``privacy.noise_sampler``): ``torch`` (one randn per
     #: tensor) or ``ziggurat``/``boxmuller`` (one seed draw per tensor, then the sampler's
-    #: documented stream, `raydpfl.privacy.counter_noise`), replayed by the per-sample floor.
+    #: documented stream, `raydpfl.privacy.noise.counter_noise`), replayed by the per-sample floor.
     noise_sampler: str = "torch"
 
     def round_samples(self) -> list[int]:

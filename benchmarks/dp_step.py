@@ -10,7 +10,7 @@ the same other one (each kind has its own model, parameters and stream):
 
 - ``sgd``: the non-private floor's step (`benchmarks/_floors.py`: forward, summed cross
   entropy over the expected batch, backward, ``torch.optim.SGD``);
-- ``dp``: raydpfl's DP-SGD step as W1/W2 run it (`raydpfl.privacy.dpsgd.dp_sgd_step_`,
+- ``dp``: raydpfl's DP-SGD step as W1/W2 run it (`raydpfl.privacy.per_sample.dpsgd.dp_sgd_step_`,
   book-keeping engine, ``privacy.noise_sampler: boxmuller``, σ = 1, C = 1);
 - ``dp_gemm``: the same step with the Linear weight sums added by a GEMM before the noise
   (`LOW_RANK_MAX_BATCH` = 0), the path a batch over `LOW_RANK_MAX_BATCH` takes.
@@ -45,9 +45,9 @@ from _results import write_result  # noqa: E402
 
 from raydpfl.backends.allocator import tune_allocator  # noqa: E402
 from raydpfl.models.zoo import FedAvgCNN  # noqa: E402
-from raydpfl.privacy import dpsgd  # noqa: E402
-from raydpfl.privacy.bookkeeping import BookkeepingClipping  # noqa: E402
-from raydpfl.privacy.noise_samplers import seeded_stream  # noqa: E402
+from raydpfl.privacy.noise.noise_samplers import seeded_stream  # noqa: E402
+from raydpfl.privacy.per_sample import dpsgd  # noqa: E402
+from raydpfl.privacy.per_sample.bookkeeping import BookkeepingClipping  # noqa: E402
 
 STEPS_PER_CLIENT = 5
 #: The library's threshold, restored after every `dp_gemm` step.

@@ -5,8 +5,8 @@ samplers (``privacy.noise_sampler``: ziggurat, boxmuller).
 
 One process, one torch thread; the three samplers take turns call by call, so a change
 in the machine's load hits them alike. Each call is the one DP-SGD makes per parameter
-tensor (`raydpfl.privacy.dpsgd.fill_gaussian_`, which hands a counter-based stream to
-`raydpfl.privacy.counter_noise.fill_normal_`). Prints, per sampler, the best,
+tensor (`raydpfl.privacy.per_sample.dpsgd.fill_gaussian_`, which hands a counter-based stream to
+`raydpfl.privacy.noise.counter_noise.fill_normal_`). Prints, per sampler, the best,
 10th-percentile and median milliseconds per noise tensor of `--values` float32 values
 (FedAvgCNN: 582,026), the ratios torch / sampler of the best times, each compiled
 sampler's first call (numba compile or cache load; the ziggurat's, made first, includes
@@ -30,9 +30,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from _results import write_result  # noqa: E402
 
-from raydpfl.privacy import counter_noise  # noqa: E402
-from raydpfl.privacy.dpsgd import fill_gaussian_  # noqa: E402
-from raydpfl.privacy.noise_samplers import NOISE_SAMPLERS, seeded_stream  # noqa: E402
+from raydpfl.privacy.noise import counter_noise  # noqa: E402
+from raydpfl.privacy.noise.noise_samplers import NOISE_SAMPLERS, seeded_stream  # noqa: E402
+from raydpfl.privacy.per_sample.dpsgd import fill_gaussian_  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

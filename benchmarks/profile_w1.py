@@ -56,8 +56,8 @@ def _instrument() -> None:
     import raydpfl.algorithms.base as base
     import raydpfl.algorithms.dp_fedavg as dp_fedavg
     import raydpfl.algorithms.local_dp_sgd as loop
-    import raydpfl.privacy.bookkeeping as bk
-    import raydpfl.privacy.dpsgd as dpsgd
+    import raydpfl.privacy.per_sample.bookkeeping as bk
+    import raydpfl.privacy.per_sample.dpsgd as dpsgd
     import raydpfl.simulation.worker as worker
 
     def layer(rec: Any, *_: Any) -> str:

@@ -26,9 +26,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from raydpfl.models import build_model  # noqa: E402
-from raydpfl.privacy.dpsgd import dp_sgd_step_, gaussian_like, poisson_sample  # noqa: E402
-from raydpfl.privacy.engines import make_engine  # noqa: E402
-from raydpfl.privacy.secure_noise import SecureGenerator  # noqa: E402
+from raydpfl.privacy.noise.secure_noise import SecureGenerator  # noqa: E402
+from raydpfl.privacy.per_sample.dpsgd import dp_sgd_step_, gaussian_like, poisson_sample  # noqa: E402
+from raydpfl.privacy.per_sample.engines import make_engine  # noqa: E402
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:

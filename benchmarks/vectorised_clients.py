@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 from raydpfl.algorithms import DPFedAvg  # noqa: E402
 from raydpfl.algorithms.base import ClientContext, ClientData  # noqa: E402
 from raydpfl.models import build_model  # noqa: E402
-from raydpfl.privacy import multi_client  # noqa: E402
-from raydpfl.privacy.engines import make_engine  # noqa: E402
+from raydpfl.privacy.per_sample import multi_client  # noqa: E402
+from raydpfl.privacy.per_sample.engines import make_engine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "vectorised_clients.json"
 

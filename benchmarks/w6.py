@@ -15,8 +15,8 @@ in one process, one torch thread, taking turns step by step in a shuffled order 
 
 - ``sgd``: the non-private floor (forward, cross entropy summed over the expected batch,
   backward, ``torch.optim.SGD``);
-- ``raydpfl``: raydpfl's DP-SGD step (`raydpfl.privacy.dpsgd.dp_sgd_step_`) on the engine
-  ``runtime.engine: auto`` picks (book-keeping, with the `raydpfl.privacy.per_sample`
+- ``raydpfl``: raydpfl's DP-SGD step (`raydpfl.privacy.per_sample.dpsgd.dp_sgd_step_`) on
+  the engine ``runtime.engine: auto`` picks (book-keeping, with the `raydpfl.privacy.per_sample`
   rules), ``privacy.noise_sampler: boxmuller``;
 - ``vmap``: the same step on the torch.func engine (`PerSampleGradients`: what these
   models ran on before the per-sample rules), timed on the first ``--vmap-steps``
@@ -69,10 +69,10 @@ from torch import nn  # noqa: E402
 
 import raydpfl.config.schema  # noqa: E402, F401  (registers the text models)
 from raydpfl.models import build_model  # noqa: E402
-from raydpfl.privacy import dpsgd  # noqa: E402
-from raydpfl.privacy.bookkeeping import BookkeepingClipping  # noqa: E402
-from raydpfl.privacy.engines import make_engine  # noqa: E402
-from raydpfl.privacy.noise_samplers import seeded_stream  # noqa: E402
+from raydpfl.privacy.noise.noise_samplers import seeded_stream  # noqa: E402
+from raydpfl.privacy.per_sample import dpsgd  # noqa: E402
+from raydpfl.privacy.per_sample.bookkeeping import BookkeepingClipping  # noqa: E402
+from raydpfl.privacy.per_sample.engines import make_engine  # noqa: E402
 
 WINDOW = 80
 CLIP, SIGMA, LR = 1.0, 1.0, 0.05

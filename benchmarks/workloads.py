@@ -62,7 +62,7 @@ if str(ROOT) not in sys.path:  # run from a checkout: the package need not be in
 import torch  # noqa: E402
 from _proctree import TreeSampler  # noqa: E402
 
-from raydpfl.privacy.noise_samplers import NOISE_SAMPLERS  # noqa: E402
+from raydpfl.privacy.noise.noise_samplers import NOISE_SAMPLERS  # noqa: E402
 
 THIS = Path(__file__).resolve()
 #: raydpfl's fastest ``privacy.noise_sampler`` per workload (`--noise-sampler` overrides):

@@ -27,7 +27,7 @@ import numpy as np
 import raydpfl
 from raydpfl.data import ArrayDataset, DatasetNotFoundError, FederatedDataset, load_dataset
 from raydpfl.data.partition import split_train_test
-from raydpfl.privacy.calibration import epsilon_for, noise_multiplier_for
+from raydpfl.privacy.accounting.calibration import epsilon_for, noise_multiplier_for
 
 parser = argparse.ArgumentParser(description="A tour of raydpfl from Python")
 parser.add_argument("--rounds", type=int, default=20)

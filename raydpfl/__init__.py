@@ -49,14 +49,14 @@ _EXPORTS = {
     "dp_sgd_local_update": "raydpfl.algorithms.local_dp_sgd",
     "noisy_loss_query": "raydpfl.algorithms.local_dp_sgd",
     # ... and the privacy kernel its tasks declare (docs/architecture.md).
-    "SubsampledGaussian": "raydpfl.privacy.kernel",
-    "GaussianRelease": "raydpfl.privacy.kernel",
-    "CertifiedGaussianRelease": "raydpfl.privacy.kernel",
-    "LaplaceRelease": "raydpfl.privacy.kernel",
-    "ExponentialSelection": "raydpfl.privacy.kernel",
-    "MechanismUse": "raydpfl.privacy.kernel",
-    "uses": "raydpfl.privacy.kernel",
-    "PrivacyContractError": "raydpfl.privacy.kernel",
+    "SubsampledGaussian": "raydpfl.privacy.mechanisms.kernel",
+    "GaussianRelease": "raydpfl.privacy.mechanisms.kernel",
+    "CertifiedGaussianRelease": "raydpfl.privacy.mechanisms.kernel",
+    "LaplaceRelease": "raydpfl.privacy.mechanisms.kernel",
+    "ExponentialSelection": "raydpfl.privacy.mechanisms.kernel",
+    "MechanismUse": "raydpfl.privacy.mechanisms.kernel",
+    "uses": "raydpfl.privacy.mechanisms.kernel",
+    "PrivacyContractError": "raydpfl.privacy.mechanisms.kernel",
 }
 
 __all__ = ["__version__", *_EXPORTS]

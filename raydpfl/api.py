@@ -46,8 +46,8 @@ from raydpfl.experiment.build import (
     check_callbacks_keep_files,
     run_experiment,
 )
-from raydpfl.privacy.client_level import ClientLevelLedger
-from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.client_level import ClientLevelLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 from raydpfl.simulation.run_lock import run_dir_lock
 

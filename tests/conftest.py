@@ -10,7 +10,7 @@ import torch
 
 from raydpfl.algorithms.base import ClientTask
 from raydpfl.config import Config, config_from_dict
-from raydpfl.privacy.kernel import GaussianRelease, LaplaceRelease, uses
+from raydpfl.privacy.mechanisms.kernel import GaussianRelease, LaplaceRelease, uses
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 

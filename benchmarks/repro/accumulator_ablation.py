@@ -45,7 +45,7 @@ import raydpfl.papers.ali_dpfl.algorithm as ali_dpfl  # noqa: E402
 from raydpfl.algorithms.base import ClientResult, parameter_delta, privacy_session  # noqa: E402
 from raydpfl.config import config_from_dict  # noqa: E402
 from raydpfl.experiment.build import build_experiment, run_experiment  # noqa: E402
-from raydpfl.privacy.dpsgd import add_gaussian_noise, dp_sgd_gradient  # noqa: E402
+from raydpfl.privacy.per_sample.dpsgd import add_gaussian_noise, dp_sgd_gradient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _record  # noqa: E402

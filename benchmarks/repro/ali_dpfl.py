@@ -325,7 +325,7 @@ def _without_noise(active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    from raydpfl.privacy import kernel
+    from raydpfl.privacy.mechanisms import kernel
 
     real = kernel.dp_sgd_step_
 

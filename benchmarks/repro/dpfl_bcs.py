@@ -305,7 +305,7 @@ def _without_noise(active: bool) -> Iterator[list[int]]:
         return
     import torch
 
-    from raydpfl.privacy.kernel import LiveRelease
+    from raydpfl.privacy.mechanisms.kernel import LiveRelease
 
     real_noise, real_add = LiveRelease.noise, LiveRelease.add_
 

@@ -233,7 +233,7 @@ def run_cell(cell: Cell, method: str, seed: int, max_rounds: int | None, eval_ev
     algo.update(name=name, eval_every=eval_every)
     if name == "dp_fedavg":
         # Not in the fedfdp family: run exactly the rounds its budget allows (one step each).
-        from raydpfl.privacy.calibration import epsilon_for, largest_feasible_steps
+        from raydpfl.privacy.accounting.calibration import epsilon_for, largest_feasible_steps
 
         algo["rounds"] = largest_feasible_steps(
             lambda t: epsilon_for(cell.sigma, Q, t, DELTA, "rdp") <= cell.epsilon

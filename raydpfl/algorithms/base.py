@@ -8,7 +8,7 @@ broadcast parameters and the client's data, never the server state. Backends dec
 where clients run, never what they compute.
 
 Every privacy-relevant release is declared in the task as mechanism uses
-(`ClientTask.mechanisms`, `raydpfl.privacy.kernel`), so the server charges the client's
+(`ClientTask.mechanisms`, `raydpfl.privacy.mechanisms.kernel`), so the server charges the client's
 ledger before dispatch with exactly those mechanisms' events. The client half draws every
 noisy release through the worker's `PrivacySession` for the task (`ClientContext.privacy`),
 which hands out only the declared mechanisms and counts their invocations; the receipt
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from raydpfl.privacy.dpsgd import ClippedSumEngine
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.accounting.ledger import PrivacyCost
+from raydpfl.privacy.mechanisms.kernel import (
     RAW_RECORDS_NOTE,
     ClientRecords,
     MechanismUse,
@@ -39,7 +39,7 @@ from raydpfl.privacy.kernel import (
     SubsampledGaussian,
     costs_of,
 )
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.per_sample.dpsgd import ClippedSumEngine
 
 Params = dict[str, torch.Tensor]
 
@@ -54,7 +54,7 @@ class ClientTask:
         local_steps: τ, the number of local optimisation steps.
         lr: Local learning rate η.
         mechanisms: The randomised releases the task makes about the client's records,
-            each a mechanism (`raydpfl.privacy.kernel`: σ, bound, sampling rate) and how
+            each a mechanism (`raydpfl.privacy.mechanisms.kernel`: σ, bound, sampling rate) and how
             many times it is invoked. The server charges exactly these before dispatch;
             the worker hands the client half only these (`ClientContext.privacy`) and
             the result's receipt must match them. Empty: the task releases nothing that
@@ -95,7 +95,7 @@ class ClientTask:
             if not isinstance(use, MechanismUse):
                 raise TypeError(
                     "ClientTask.mechanisms holds MechanismUse values "
-                    "(raydpfl.privacy.kernel.uses(mechanism, count)), got "
+                    "(raydpfl.privacy.mechanisms.kernel.uses(mechanism, count)), got "
                     f"{type(use).__name__}"
                 )
             if use.count < 1:
@@ -232,14 +232,14 @@ class ClientContext:
     Attributes:
         model: The worker's one resident model (used functionally; never trained in place).
         clipping: Per-sample clipping engine built once for that model (book-keeping
-            or torch.func; see `raydpfl.privacy.engines.make_engine`). The private step
+            or torch.func; see `raydpfl.privacy.per_sample.engines.make_engine`). The private step
             always uses the worker's own engine, whatever is passed around.
         generator: A stream for the client half's own randomness (shuffling, probes): for
             a private algorithm it is *not* the stream the mechanisms draw their samples
             and noise from, which only the platform holds.
         device: Where tensors live.
         privacy: The task's declared mechanisms, live and bound to the client's records
-            (`raydpfl.privacy.kernel`): the only way a client half makes a charged
+            (`raydpfl.privacy.mechanisms.kernel`): the only way a client half makes a charged
             release. Set by the worker (`direct_context` for tests and notebooks).
     """
 
@@ -292,7 +292,7 @@ def _direct_session(
     device: torch.device | str,
 ) -> PrivacySession:
     if engine is None:
-        from raydpfl.privacy.engines import make_engine
+        from raydpfl.privacy.per_sample.engines import make_engine
 
         engine = make_engine(model, "auto")
     session = PrivacySession(task.mechanisms, generator, device)._bind(data, model, engine)
@@ -451,7 +451,7 @@ class Algorithm(abc.ABC):
     resumable: ClassVar[bool] = True
     #: What a reported ε is about: ``record`` (each task declares its DP-SGD cost, charged
     #: to its client's ledger) or ``client`` (one population-level charge per round,
-    #: `round_privacy_cost`, to a `raydpfl.privacy.client_level.ClientLevelLedger`).
+    #: `round_privacy_cost`, to a `raydpfl.privacy.accounting.client_level.ClientLevelLedger`).
     privacy_unit: ClassVar[str] = "record"
 
     # ---- server half -------------------------------------------------------------
@@ -592,7 +592,7 @@ class Algorithm(abc.ABC):
 
     def round_mechanisms(self, round_idx: int) -> tuple[MechanismUse, ...] | None:
         """Client-level algorithms: the population-level mechanisms the server half invokes
-        in this round (`raydpfl.privacy.client_level_mechanisms`), how often each. The
+        in this round (`raydpfl.privacy.mechanisms.client_level_mechanisms`), how often each. The
         server charges their event to the population ledger before the round is selected
         and dispatched, sets the round's session on the algorithm (``round_session``) while
         it aggregates, and checks its receipt. None (default): the round's costs are its
@@ -601,7 +601,7 @@ class Algorithm(abc.ABC):
 
     def round_privacy_cost(self, round_idx: int) -> Any | None:
         """Client-level algorithms: the round's population-level charge (a
-        `raydpfl.privacy.client_level.ClientLevelCost`): a read-only view of what
+        `raydpfl.privacy.accounting.client_level.ClientLevelCost`): a read-only view of what
         `round_mechanisms` costs (the server refuses one that differs). None (default):
         the round's costs are its tasks'."""
         return None
@@ -630,7 +630,7 @@ class Algorithm(abc.ABC):
 
     def supports_group(self, tasks: Sequence[ClientTask]) -> bool:
         """Whether `local_update_group_sum` can train `tasks` together, vectorised over
-        clients (`raydpfl.privacy.multi_client`). The default, False, trains one client
+        clients (`raydpfl.privacy.per_sample.multi_client`). The default, False, trains one client
         at a time; an algorithm that overrides it must give the same results up to float
         rounding, with the same RNG streams and draws."""
         return False

@@ -2,7 +2,7 @@
 
 Each round, `clients_per_round` clients drawn uniformly run τ = `local_steps` DP-SGD
 steps (Poisson rate q, flat per-sample clipping at C, Gaussian noise σ·C on the sum,
-division by the expected batch q·|D_i|; see `raydpfl.privacy.dpsgd`) from the global
+division by the expected batch q·|D_i|; see `raydpfl.privacy.per_sample.dpsgd`) from the global
 model. The server takes the |D_i|-weighted mean of the updates (FedAvg).
 
 Privacy (unit: one training record of one client; add/remove adjacency): a
@@ -43,8 +43,8 @@ from raydpfl.algorithms.fedavg import CohortAveraging
 # The client half is the shared DP-SGD loop; `DPFedAvg.local_update` looks the name up in
 # this module at call time (benchmarks/repro/accumulator_ablation.py replaces it here).
 from raydpfl.algorithms.local_dp_sgd import DPSGD_METRICS_RELEASE, Normalizer, dp_sgd_local_update
-from raydpfl.privacy import multi_client
-from raydpfl.privacy.kernel import SubsampledGaussian, uses
+from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian, uses
+from raydpfl.privacy.per_sample import multi_client
 
 __all__ = ["DPFedAvg", "Normalizer", "dp_sgd_local_update"]
 
@@ -123,7 +123,7 @@ class DPFedAvg(CohortAveraging):
         `ctxs[k]` carries client k's own generator (advanced exactly as `local_update`
         would advance it); `params` is the shared broadcast start and is not modified.
         Results equal one-at-a-time `local_update` calls up to float error (see
-        `raydpfl.privacy.multi_client`). Groups that `supports_group` rejects run one
+        `raydpfl.privacy.per_sample.multi_client`). Groups that `supports_group` rejects run one
         at a time, each from a fresh copy of `params`.
         """
         if not (len(ctxs) == len(datas) == len(tasks)):

@@ -9,7 +9,7 @@ Privacy unit: one client (all its training records). Each round:
    S/√L per parameter tensor so the whole stays within S);
 3. the server sums the clipped updates with uniform weights, adds N(0, σ²S²) once
    through the round's `ClientGaussianSum` mechanism (`raydpfl.privacy.
-   client_level_mechanisms`: drawn with `raydpfl.privacy.dpsgd.gaussian_like` from a
+   client_level_mechanisms`: drawn with `raydpfl.privacy.per_sample.dpsgd.gaussian_like` from a
    stream derived from (run seed, round), or from os.urandom in secure-noise mode) and
    divides by the *expected* cohort size E = q·N or K, a public constant
    (`dp_fedavg_update`: the fixed-denominator estimator f̃_f of the paper, §2, with
@@ -39,7 +39,7 @@ FedAdam, FedYogi: Reddi et al., ICLR 2021, Algorithm 2) m ← β₁m + (1−β�
 rule, θ ← θ + η_s m/(√v + τ). The step is `raydpfl.algorithms.server_optimizers.server_step`,
 shared with record-level FedAvg, DP-FedAvg, FedProx and DP-FedProx.
 
-Accounting is at the population level (`raydpfl.privacy.client_level`): the server half
+Accounting is at the population level (`raydpfl.privacy.accounting.client_level`): the server half
 declares the round's mechanism (`round_mechanisms`); the server charges its event once,
 before the round is dispatched, to the run's `ClientLevelLedger` (`round_privacy_cost`
 is derived from it), hands the aggregation the round's session (``round_session``) and
@@ -77,9 +77,8 @@ from raydpfl.algorithms.server_optimizers import (  # noqa: F401
     ServerOptimizer,
     server_step,
 )
-from raydpfl.privacy import secure_noise
-from raydpfl.privacy.client_level import ClientLevelCost
-from raydpfl.privacy.client_level_mechanisms import (  # noqa: F401 (re-exported)
+from raydpfl.privacy.accounting.client_level import ClientLevelCost
+from raydpfl.privacy.mechanisms.client_level_mechanisms import (  # noqa: F401 (re-exported)
     COUNT_NOISE_PURPOSE,
     NOISE_PURPOSE,
     AdaptiveClipGaussianSum,
@@ -94,7 +93,8 @@ from raydpfl.privacy.client_level_mechanisms import (  # noqa: F401 (re-exported
     round_session,
     update_noise_multiplier,
 )
-from raydpfl.privacy.kernel import MechanismUse, uses
+from raydpfl.privacy.mechanisms.kernel import MechanismUse, uses
+from raydpfl.privacy.noise import secure_noise
 
 
 # ---- the paper's math, as small pure functions -----------------------------------------------

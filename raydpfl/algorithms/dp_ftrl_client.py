@@ -19,9 +19,9 @@ cut into T = ⌊N/K⌋ rounds of K clients, so every client joins at most one ro
    (the "tree restart" of §4).
 
 One epoch is dp-accounting's ``SingleEpochTreeAggregationDpEvent(σ, T)`` (zero-out
-adjacency: one client's updates replaced by zeros; `raydpfl.privacy.client_level`),
+adjacency: one client's updates replaced by zeros; `raydpfl.privacy.accounting.client_level`),
 charged before the epoch's first round. Every round's release is the kernel mechanism
-`raydpfl.privacy.client_level_mechanisms.TreeAggregationRelease` (declared by
+`raydpfl.privacy.mechanisms.client_level_mechanisms.TreeAggregationRelease` (declared by
 `round_mechanisms`; the first round of a tree charges the tree's event, the later ones
 are covered by it): the server hands the aggregation the round's session and refuses a
 round that did not draw its one node through it. Node noise is drawn from a stream
@@ -52,8 +52,8 @@ from raydpfl.algorithms.tensor_state import (
     pack_tensors,
     unpack_tensor_state,
 )
-from raydpfl.privacy.client_level import ClientLevelCost, tree_schedule
-from raydpfl.privacy.client_level_mechanisms import (  # noqa: F401 (re-exported)
+from raydpfl.privacy.accounting.client_level import ClientLevelCost, tree_schedule
+from raydpfl.privacy.mechanisms.client_level_mechanisms import (  # noqa: F401 (re-exported)
     NODE_PURPOSE,
     TreeAggregationRelease,
     population_charge,
@@ -61,7 +61,7 @@ from raydpfl.privacy.client_level_mechanisms import (  # noqa: F401 (re-exported
     tree_node_for,
     tree_node_generator,
 )
-from raydpfl.privacy.kernel import MechanismUse, uses
+from raydpfl.privacy.mechanisms.kernel import MechanismUse, uses
 
 #: Purpose tag of the epoch order streams (the node noise's: `NODE_PURPOSE`).
 ORDER_PURPOSE = "dp_ftrl_epoch_order"

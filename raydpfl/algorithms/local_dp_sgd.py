@@ -40,7 +40,7 @@ first, the engine adds the clipped sum into it) and then w ← w − η·correct
 (`dpsgd.dp_sgd_gradient`) and applies w ← w − η·(g + correction) in one subtraction.
 The two agree up to float rounding, not in their bits.
 
-What stays outside on purpose: `raydpfl.privacy.multi_client` (DP-FedAvg's loop
+What stays outside on purpose: `raydpfl.privacy.per_sample.multi_client` (DP-FedAvg's loop
 vectorised over clients, an engine with its own float order), PE-DPFL (non-private local
 training, then one clipped and noised update: output perturbation), DPFL-BCS and its
 baselines (one full-batch noisy gradient step with L1/Laplace or L2/Gaussian, the loss
@@ -74,8 +74,7 @@ from raydpfl.algorithms.base import (
     privacy_session,
     trained_result,
 )
-from raydpfl.privacy.dpsgd import WeightRule
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.mechanisms.kernel import (
     LiveSubsampledGaussian,
     Mechanism,
     ReleasedStepStats,
@@ -83,7 +82,8 @@ from raydpfl.privacy.kernel import (
     SubsampledGaussian,
     per_sample_losses,
 )
-from raydpfl.privacy.loss_query import LossPrecision, clip_losses, private_mean_loss
+from raydpfl.privacy.mechanisms.loss_query import LossPrecision, clip_losses, private_mean_loss
+from raydpfl.privacy.per_sample.dpsgd import WeightRule
 
 __all__ = [
     "ACTUAL_DIVISOR_RELEASE",

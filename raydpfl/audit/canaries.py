@@ -66,7 +66,7 @@ from raydpfl.algorithms.dp_fedavg import DPFedAvg
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.algorithms.local_dp_sgd import per_sample_losses
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.privacy.dpsgd import ClippedSumEngine, StepStats, WeightRule, needs_losses
+from raydpfl.privacy.per_sample.dpsgd import ClippedSumEngine, StepStats, WeightRule, needs_losses
 from raydpfl.simulation.worker import ModelSpec
 
 #: The probe tensor's name in the audited model's parameters.

@@ -76,7 +76,7 @@ from raydpfl.experiment.build import (
     check_callbacks_keep_files,
     run_experiment,
 )
-from raydpfl.privacy.accountants import compute_epsilon_extended
+from raydpfl.privacy.accounting.accountants import compute_epsilon_extended
 from raydpfl.simulation.experiment import Experiment
 from raydpfl.simulation.outputs import check_run_dir_free, prepare_run_dir
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, numpy_rng

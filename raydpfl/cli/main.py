@@ -36,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from raydpfl.backends.ray.runtime_env import CodeMismatchError
     from raydpfl.data.datasets import DatasetNotFoundError, DownloadError
-    from raydpfl.privacy.kernel import PrivacyContractError
+    from raydpfl.privacy.mechanisms.kernel import PrivacyContractError
     from raydpfl.simulation.backend import ServerStartError
     from raydpfl.simulation.finite import NonFiniteModelError
     from raydpfl.simulation.integrity import ResumeError
@@ -513,7 +513,7 @@ def _add_sigma(p: argparse.ArgumentParser, help_text: str) -> None:
 def _add_privacy_args(
     p: argparse.ArgumentParser, *, epsilon: bool = False, sigma: bool = False, steps: bool = False
 ) -> None:
-    from raydpfl.privacy.accountants import ACCOUNTANTS
+    from raydpfl.privacy.accounting.accountants import ACCOUNTANTS
 
     if epsilon:
         p.add_argument("--epsilon", type=_positive_float, required=True, help="target epsilon")
@@ -538,7 +538,7 @@ def _positive_int(text: str) -> int:
 def _add_client_level_args(
     p: argparse.ArgumentParser, *, epsilon: bool = False, sigma: bool = False, rounds: bool = False
 ) -> None:
-    from raydpfl.privacy.accountants import ACCOUNTANTS
+    from raydpfl.privacy.accounting.accountants import ACCOUNTANTS
 
     if epsilon:
         p.add_argument(
@@ -572,7 +572,10 @@ def _add_client_level_args(
 
 def _client_round(args: argparse.Namespace, sigma: float = 0.0):
     """One round's `ClientLevelCost` from the flags (a bad combination: one line)."""
-    from raydpfl.privacy.client_level import ClientLevelCost, check_client_level_accountant
+    from raydpfl.privacy.accounting.client_level import (
+        ClientLevelCost,
+        check_client_level_accountant,
+    )
 
     if args.delta >= 1.0 / args.population:  # as a client-level run refuses it
         raise ConfigError(
@@ -765,7 +768,7 @@ def _checkpoint_round(run_dir: Path) -> int:
 
 
 def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
-    from raydpfl.privacy.accountants import compute_epsilon
+    from raydpfl.privacy.accounting.accountants import compute_epsilon
 
     eps = compute_epsilon([(args.sigma, args.q, args.steps)], args.delta, args.accountant)
     print(
@@ -777,7 +780,7 @@ def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
 
 def _cmd_privacy_noise(args: argparse.Namespace) -> int:
     from raydpfl.config.schema import MIN_NOISE_MULTIPLIER
-    from raydpfl.privacy.calibration import noise_multiplier_for
+    from raydpfl.privacy.accounting.calibration import noise_multiplier_for
 
     with as_config_error(""):
         sigma = noise_multiplier_for(args.epsilon, args.delta, args.q, args.steps, args.accountant)
@@ -795,7 +798,7 @@ def _cmd_privacy_noise(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
-    from raydpfl.privacy.step_budget import iteration_budget
+    from raydpfl.privacy.accounting.step_budget import iteration_budget
 
     with as_config_error(""):
         steps = iteration_budget(
@@ -819,7 +822,7 @@ def _cmd_privacy_steps(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_client_epsilon(args: argparse.Namespace) -> int:
-    from raydpfl.privacy.client_level import client_level_epsilon, rounds_history
+    from raydpfl.privacy.accounting.client_level import client_level_epsilon, rounds_history
 
     history = rounds_history(_client_round(args, args.sigma), args.rounds)
     eps = client_level_epsilon(history, args.delta, args.accountant)
@@ -830,7 +833,7 @@ def _cmd_privacy_client_epsilon(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_client_noise(args: argparse.Namespace) -> int:
-    from raydpfl.privacy.client_level import client_level_noise_multiplier
+    from raydpfl.privacy.accounting.client_level import client_level_noise_multiplier
 
     cost = _client_round(args)
     if args.rounds == 0:
@@ -848,7 +851,7 @@ def _cmd_privacy_client_noise(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_client_rounds(args: argparse.Namespace) -> int:
-    from raydpfl.privacy.client_level import client_level_max_rounds
+    from raydpfl.privacy.accounting.client_level import client_level_max_rounds
 
     rounds = client_level_max_rounds(
         args.epsilon, args.delta, _client_round(args, args.sigma), args.accountant

@@ -641,7 +641,8 @@ class PrivacyConfig:
     secure_noise: bool = False
     # The DP-SGD Gaussian sampler of a client's seeded stream: torch's generator, or a
     # faster numba sampler with its own stream (CPU only): a ziggurat
-    # (raydpfl/privacy/ziggurat.py) or a vectorised Box-Muller (raydpfl/privacy/boxmuller.py)
+    # (raydpfl/privacy/noise/ziggurat.py) or a vectorised Box-Muller
+    # (raydpfl/privacy/noise/boxmuller.py)
     noise_sampler: Literal["torch", "ziggurat", "boxmuller"] = "torch"
 
     def __post_init__(self) -> None:

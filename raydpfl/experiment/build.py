@@ -264,7 +264,7 @@ def first_round_epsilon(config: Config) -> float | None:
     privacy = exp.privacy
     if exp.algorithm.name not in FIXED_SIGMA_PRESETS or privacy.noise_multiplier is None:
         return None
-    from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
+    from raydpfl.privacy.accounting.ledger import PrivacyCost, PrivacyLedger
 
     cost = PrivacyCost(
         noise_multiplier=privacy.noise_multiplier,

@@ -39,8 +39,8 @@ from raydpfl.config.schema import Config, ConfigError, PrivacyConfig
 from raydpfl.data.datasets import ArrayDataset
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.privacy_settings import check_delta, noise_multiplier, privacy_metadata
-from raydpfl.privacy.client_level import ClientLevelLedger
-from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.client_level import ClientLevelLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
 
 Built = tuple[Algorithm, PrivacyLedger | ClientLevelLedger | None, dict[str, Any]]
 

@@ -1,8 +1,8 @@
 """What a run's ε means and the config-level privacy settings every builder shares.
 
 The generic calibration (σ for a target ε under an accountant) lives in
-`raydpfl.privacy.calibration`; this module turns a `PrivacyConfig` into its arguments and
-into the privacy statement of summary.json.
+`raydpfl.privacy.accounting.calibration`; this module turns a `PrivacyConfig` into its
+arguments and into the privacy statement of summary.json.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 
 from raydpfl.config import as_config_error
 from raydpfl.config.schema import MIN_NOISE_MULTIPLIER, ConfigError, PrivacyConfig
-from raydpfl.privacy.accountants import describe_accountant
-from raydpfl.privacy.calibration import noise_multiplier_for
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.accountants import describe_accountant
+from raydpfl.privacy.accounting.calibration import noise_multiplier_for
+from raydpfl.privacy.accounting.plan import PrivacyPlan
 
 #: What a reported ε means; copied into every private run's summary.json.
 PRIVACY_STATEMENT = {
@@ -35,7 +35,7 @@ PRIVACY_STATEMENT = {
 #: The summary's ``noise_source`` under ``privacy.secure_noise: true``.
 SECURE_NOISE_SOURCE = (
     "secure mode: Poisson sampling and the DP noise of every mechanism that draws through "
-    "raydpfl.privacy.dpsgd (DP-SGD in every engine and the vectorised path, DPFL-BCS's "
+    "raydpfl.privacy.per_sample.dpsgd (DP-SGD in every engine and the vectorised path, DPFL-BCS's "
     "Gaussian and Laplace noise, FedFDP's and Adap DP-FL's loss noise, PE-DPFL's update "
     "noise, client-level DP-FedAvg's aggregate noise, noise shares and client sampling) "
     "from os.urandom (Gaussians: Box-Muller in float64, each value the sum of 4 draws "
@@ -48,9 +48,9 @@ SECURE_NOISE_SOURCE = (
 def _counter_noise_source(label: str, method: str, module: str) -> str:
     return (
         f"research mode, {label} sampler: the Gaussian noise drawn through "
-        f"raydpfl.privacy.dpsgd from a client's seeded stream comes from {method} over "
+        f"raydpfl.privacy.per_sample.dpsgd from a client's seeded stream comes from {method} over "
         "counter-based SplitMix64 words keyed by one draw of that stream per noise tensor "
-        f"(raydpfl/privacy/{module}.py); everything else from the seeded PyTorch PRNG "
+        f"(raydpfl/privacy/noise/{module}.py); everything else from the seeded PyTorch PRNG "
         "(reproducible; not floating-point secure)"
     )
 

@@ -17,7 +17,7 @@ Linear cells) and a Linear head on the last hidden state: LEAF's own Shakespeare
 
 DP-SGD: every layer of both has a book-keeping rule (Embedding, LayerNorm and Linear
 layers, attention included: it is written out from Linear layers), so
-``runtime.engine: auto`` takes the book-keeping engine (`raydpfl.privacy.engines`). The
+``runtime.engine: auto`` takes the book-keeping engine (`raydpfl.privacy.per_sample.engines`). The
 position embedding is looked up per sample (ids expanded to (B, L)), not once for the
 batch: a lookup shared by all samples would get the batch's summed output gradient,
 which no per-sample rule can split. The attention is written out (no fused kernel) so

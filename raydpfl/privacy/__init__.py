@@ -1,1 +1,3 @@
-"""Privacy: DP-SGD primitives, accountants, calibration and the per-client ledger (no Ray)."""
+"""Privacy (no Ray), a room per concern: `mechanisms` (the kernel), `per_sample` (DP-SGD
+and its engines), `noise` (the noise sources) and `accounting` (accountants,
+calibration, ledgers)."""

@@ -24,21 +24,21 @@ from typing import Any
 import torch
 
 from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask
-from raydpfl.privacy.client_level import POPULATION, ClientLevelLedger
-from raydpfl.privacy.client_level_mechanisms import (
+from raydpfl.privacy.accounting.client_level import POPULATION, ClientLevelLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
+from raydpfl.privacy.mechanisms.client_level_mechanisms import (
     ROUND_SESSION_ATTR,
     check_round_receipt,
     open_round_session,
     population_charge,
 )
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.mechanisms.kernel import (
     RAW_RECORDS_NOTE,
     MechanismUse,
     PrivacyContractError,
     Receipt,
     check_receipt,
 )
-from raydpfl.privacy.ledger import PrivacyLedger
 from raydpfl.simulation.integrity import ResumeDivergedError
 from raydpfl.simulation.outputs import RunWriter
 
@@ -209,8 +209,8 @@ class PrivacyAccounting:
                 raise PrivacyContractError(
                     f"round {round_idx + 1}: algorithm {algo.name!r} is client-level but "
                     "declares no round mechanisms (round_mechanisms(round_idx), from "
-                    "raydpfl.privacy.client_level_mechanisms): its server-side noise would "
-                    "not be drawn through the kernel"
+                    "raydpfl.privacy.mechanisms.client_level_mechanisms): its server-side noise "
+                    "would not be drawn through the kernel"
                 )
             return None
         declared = tuple(declared_uses)

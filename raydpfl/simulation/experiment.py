@@ -15,7 +15,7 @@ import torch
 from raydpfl.algorithms.base import Algorithm
 from raydpfl.config.schema import Config
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
 from raydpfl.simulation.evaluation import CentralTestSet
 from raydpfl.simulation.outputs import RunWriter
 from raydpfl.simulation.server import Server, ServerSettings

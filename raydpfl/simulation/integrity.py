@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydpfl.privacy.client_level import ClientLevelLedger
-from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
+from raydpfl.privacy.accounting.client_level import ClientLevelLedger
+from raydpfl.privacy.accounting.ledger import PrivacyCost, PrivacyLedger
 
 #: The chain value before the first line of a charge log.
 GENESIS = hashlib.sha256(b"raydpfl ledger_log v1").hexdigest()
@@ -155,7 +155,7 @@ def check_row_epsilons(
     Raises:
         ResumeError: The first round whose row disagrees (named, with both values).
     """
-    from raydpfl.privacy.ledger_stats import EpsilonStats
+    from raydpfl.privacy.accounting.ledger_stats import EpsilonStats
 
     columns = ("epsilon_max", "epsilon_mean")
     if template is None:

@@ -36,12 +36,12 @@ from raydpfl.algorithms.base import (
     WeightedUpdateSum,
     with_round,
 )
-from raydpfl.privacy.client_level import ClientLevelLedger
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.accounting.client_level import ClientLevelLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.ledger_stats import EpsilonStats
+from raydpfl.privacy.mechanisms.kernel import (
     MechanismUse,
 )
-from raydpfl.privacy.ledger import PrivacyLedger
-from raydpfl.privacy.ledger_stats import EpsilonStats
 from raydpfl.simulation.backend import Backend
 from raydpfl.simulation.charging import PrivacyAccounting, check_receipts, diverged
 from raydpfl.simulation.evaluation import CentralTestSet, EvalResult

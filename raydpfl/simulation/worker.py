@@ -28,19 +28,19 @@ from raydpfl.algorithms.base import (
 from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL
 from raydpfl.data.federated import FederatedDataset, IndexTable
 from raydpfl.models import assert_dp_compatible, build_model
-from raydpfl.privacy import multi_client
-from raydpfl.privacy.client_level_mechanisms import GaussianShare, check_update_bound
-from raydpfl.privacy.dpsgd import SensitivityError
-from raydpfl.privacy.engines import make_engine
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.mechanisms.client_level_mechanisms import GaussianShare, check_update_bound
+from raydpfl.privacy.mechanisms.kernel import (
     UNBOUNDED_WEIGHT_RULES,
     PrivacyContractError,
     PrivacySession,
     Receipt,
     check_receipt,
 )
-from raydpfl.privacy.noise_samplers import seeded_stream
-from raydpfl.privacy.secure_noise import SecureGenerator
+from raydpfl.privacy.noise.noise_samplers import seeded_stream
+from raydpfl.privacy.noise.secure_noise import SecureGenerator
+from raydpfl.privacy.per_sample import multi_client
+from raydpfl.privacy.per_sample.dpsgd import SensitivityError
+from raydpfl.privacy.per_sample.engines import make_engine
 from raydpfl.simulation.evaluation import (
     BatchScores,
     EvalResult,
@@ -136,7 +136,7 @@ class ClientWorker:
         device: ``cpu``, ``cuda`` or ``auto`` (resolved in this process).
         engine: Per-sample clipping engine: ``auto``, ``bookkeeping`` or ``vmap``.
         vectorise: Train a group's clients simultaneously, vectorised over clients
-            (`raydpfl.privacy.multi_client`), where the algorithm supports it: ``auto``
+            (`raydpfl.privacy.per_sample.multi_client`), where the algorithm supports it: ``auto``
             (where it pays off: on a GPU, or small models on a CPU), ``on`` or ``off``.
             Same results as one at a time up to float rounding.
 

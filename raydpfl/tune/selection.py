@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from raydpfl.privacy.client_level import POPULATION, ClientLevelCost, ClientLevelLedger
-from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
+from raydpfl.privacy.accounting.client_level import POPULATION, ClientLevelCost, ClientLevelLedger
+from raydpfl.privacy.accounting.ledger import PrivacyCost, PrivacyLedger
 from raydpfl.simulation.outputs import CHARGE_LOG, read_charge_log
 
 

@@ -21,7 +21,7 @@ from raydpfl.algorithms.dp_fedavg_client import (
     noise_generator,
     update_norm,
 )
-from raydpfl.privacy import secure_noise
+from raydpfl.privacy.noise import secure_noise
 
 DIM, CLASSES = 6, 3
 

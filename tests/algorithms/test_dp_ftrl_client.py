@@ -25,7 +25,7 @@ from raydpfl.algorithms.dp_ftrl_client import (
 from raydpfl.config import ConfigError
 from raydpfl.config.load import dump_config
 from raydpfl.experiment.build import build_experiment, make_local_backend, run_experiment
-from raydpfl.privacy.client_level import (
+from raydpfl.privacy.accounting.client_level import (
     ClientLevelCost,
     ClientLevelLedger,
     client_level_epsilon,

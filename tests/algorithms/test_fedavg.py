@@ -4,7 +4,7 @@ import torch
 
 from raydpfl.algorithms import DPFedAvg, FedAvg
 from raydpfl.algorithms.base import ClientResult, WeightedUpdateSum, uniform_cohort
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.accounting.ledger import PrivacyCost
 
 
 def _result(cid, value, weight):

@@ -23,8 +23,8 @@ from raydpfl.algorithms.local_dp_sgd import (
     private_mean_loss,
     step_divisor,
 )
-from raydpfl.privacy.dpsgd import dp_sgd_step_, poisson_sample
-from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.per_sample.dpsgd import dp_sgd_step_, poisson_sample
+from raydpfl.privacy.per_sample.engines import make_engine
 
 
 def _setup(n: int = 40, seed: int = 0):

@@ -10,13 +10,13 @@ import pytest
 import torch
 from test_audit_runs import RECORD
 
-import raydpfl.privacy.dpsgd as dpsgd
+import raydpfl.privacy.per_sample.dpsgd as dpsgd
 from raydpfl.audit import audit
 from raydpfl.audit import canaries as cn
 from raydpfl.audit.run import auditable, loop_auditable
 from raydpfl.cli.main import main
 from raydpfl.config.schema import ConfigError
-from raydpfl.privacy.accountants import compute_epsilon
+from raydpfl.privacy.accounting.accountants import compute_epsilon
 
 
 def _config(name: str) -> dict:

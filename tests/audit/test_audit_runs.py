@@ -14,8 +14,8 @@ import pytest
 
 import raydpfl
 import raydpfl.algorithms.dp_fedavg_client as client_level
-import raydpfl.privacy.client_level_mechanisms as client_level_mechanisms
-import raydpfl.privacy.dpsgd as dpsgd
+import raydpfl.privacy.mechanisms.client_level_mechanisms as client_level_mechanisms
+import raydpfl.privacy.per_sample.dpsgd as dpsgd
 from raydpfl.audit import audit
 
 RECORD = {

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from raydpfl.privacy import kernel
-from raydpfl.privacy.engines import make_engine
-from raydpfl.privacy.kernel import SubsampledGaussian
+from raydpfl.privacy.mechanisms import kernel
+from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian
+from raydpfl.privacy.per_sample.engines import make_engine
 from tests.benchmarks.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]

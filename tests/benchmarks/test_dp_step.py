@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from raydpfl.privacy import dpsgd
+from raydpfl.privacy.per_sample import dpsgd
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def test_dp_and_dp_gemm_take_their_paths_and_the_report_is_written(monkeypatch, 
     """`dp` adds a small batch's Linear weight sums with the noise (``add_low_rank``),
     `dp_gemm` by a GEMM (the kernel never called); the threshold is restored after each
     step; a tiny run writes its figures with the load average."""
-    from raydpfl.privacy.boxmuller import BoxMullerGenerator
+    from raydpfl.privacy.noise.boxmuller import BoxMullerGenerator
 
     bench = _module()
     x, y = torch.randn(40, 1, 28, 28), torch.randint(0, 10, (40,))

@@ -24,7 +24,7 @@ def bcs(monkeypatch, tmp_path):
 
 
 def _release(scale: float = 2.0):
-    from raydpfl.privacy.kernel import GaussianRelease
+    from raydpfl.privacy.mechanisms.kernel import GaussianRelease
 
     mech = GaussianRelease(noise_multiplier=scale, sensitivity=1.0)
     return mech.live(torch.Generator().manual_seed(0), torch.device("cpu"))

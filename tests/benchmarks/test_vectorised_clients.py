@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from raydpfl.algorithms.base import ClientContext, ClientData
-from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.per_sample.engines import make_engine
 from tests.benchmarks.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from raydpfl.data.readers import load_shakespeare
 from raydpfl.models import build_model
-from raydpfl.privacy.dpsgd import clip_weights
+from raydpfl.privacy.per_sample.dpsgd import clip_weights
 from tests.benchmarks.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from raydpfl.cli.main import main
-from raydpfl.privacy.client_level import (
+from raydpfl.privacy.accounting.client_level import (
     ClientLevelCost,
     client_level_epsilon,
     client_level_max_rounds,

@@ -14,9 +14,9 @@ import torch
 
 from raydpfl.data.readers import SHAKESPEARE_LETTERS
 from raydpfl.models import build_model
-from raydpfl.privacy import bookkeeping
-from raydpfl.privacy.dpsgd import PerSampleGradients, clip_weights
-from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.per_sample import bookkeeping
+from raydpfl.privacy.per_sample.dpsgd import PerSampleGradients, clip_weights
+from raydpfl.privacy.per_sample.engines import make_engine
 
 TEXT = (
     "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "

@@ -23,10 +23,10 @@ from raydpfl.models.lora import (
     file_sha256,
 )
 from raydpfl.models.text import CharTransformer
-from raydpfl.privacy.bookkeeping import BookkeepingClipping, supports
-from raydpfl.privacy.dpsgd import clip_weights
-from raydpfl.privacy.engines import make_engine
-from raydpfl.privacy.multi_client import MultiClientDPSGD
+from raydpfl.privacy.per_sample.bookkeeping import BookkeepingClipping, supports
+from raydpfl.privacy.per_sample.dpsgd import clip_weights
+from raydpfl.privacy.per_sample.engines import make_engine
+from raydpfl.privacy.per_sample.multi_client import MultiClientDPSGD
 from tests.models.test_char_transformer import _write_shakespeare
 
 OPTIONS = {"width": 16, "heads": 2, "layers": 1}

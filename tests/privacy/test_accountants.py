@@ -1,4 +1,4 @@
-"""Tests for raydpfl.privacy.accountants (Poisson-subsampled Gaussian accounting)."""
+"""Tests for raydpfl.privacy.accounting.accountants (Poisson-subsampled Gaussian accounting)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from dp_accounting import pld
 from dp_accounting.rdp import RdpAccountant
 
-from raydpfl.privacy import accountants
-from raydpfl.privacy.accountants import (
+from raydpfl.privacy.accounting import accountants
+from raydpfl.privacy.accounting.accountants import (
     ACCOUNTANTS,
     compute_epsilon,
     describe_accountant,

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from raydpfl.models import MODELS, build_model
-from raydpfl.privacy.bookkeeping import BookkeepingClipping, supports
-from raydpfl.privacy.dpsgd import PerSampleGradients, clip_weights, per_sample_norms
-from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.per_sample.bookkeeping import BookkeepingClipping, supports
+from raydpfl.privacy.per_sample.dpsgd import PerSampleGradients, clip_weights, per_sample_norms
+from raydpfl.privacy.per_sample.engines import make_engine
 
 
 class _Mixed(nn.Module):
@@ -32,7 +32,7 @@ class _Mixed(nn.Module):
 
 
 def test_the_mixed_model_exercises_both_norm_rules():
-    from raydpfl.privacy.bookkeeping import _norm_sq, _positions
+    from raydpfl.privacy.per_sample.bookkeeping import _norm_sq, _positions
 
     model = _Mixed()
     engine = BookkeepingClipping(model)

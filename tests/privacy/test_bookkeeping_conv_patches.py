@@ -8,14 +8,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from raydpfl.models import MODELS, build_model
-from raydpfl.privacy.bookkeeping import (
+from raydpfl.privacy.per_sample.bookkeeping import (
     BookkeepingClipping,
     _as_weight,
     _conv_patches,
     _positions,
     _Record,
 )
-from raydpfl.privacy.dpsgd import PerSampleGradients, clip_weights, per_sample_norms
+from raydpfl.privacy.per_sample.dpsgd import PerSampleGradients, clip_weights, per_sample_norms
 
 GEOMETRIES = [
     # (C_in, C_out, kernel, stride, padding, dilation, bias)

@@ -1,6 +1,6 @@
 """The Box–Muller Gaussian sampler (privacy.noise_sampler: boxmuller): its kernel's
 ln and sin/cos polynomials against numpy, the stream format of
-raydpfl/privacy/boxmuller.py's docstring rebuilt independently (SplitMix64 in Python
+raydpfl/privacy/noise/boxmuller.py's docstring rebuilt independently (SplitMix64 in Python
 integers, the transform in numpy), its bound on |z|, its tails and the independence of a
 pair's two values.
 
@@ -21,10 +21,10 @@ import pytest
 import torch
 from scipy import stats
 
-from raydpfl.privacy import _boxmuller_kernel as kernel
-from raydpfl.privacy import boxmuller, counter_noise
-from raydpfl.privacy._boxmuller_kernel import cos_sin_2pi, cos_sin_2pi32, ln, ln32
-from raydpfl.privacy.boxmuller import BoxMullerGenerator
+from raydpfl.privacy.noise import _boxmuller_kernel as kernel
+from raydpfl.privacy.noise import boxmuller, counter_noise
+from raydpfl.privacy.noise._boxmuller_kernel import cos_sin_2pi, cos_sin_2pi32, ln, ln32
+from raydpfl.privacy.noise.boxmuller import BoxMullerGenerator
 
 Z_BOUND = 5.0  # two-sided normal probability 5.7e-7
 MASK = (1 << 64) - 1

@@ -1,11 +1,11 @@
-"""Tests for raydpfl.privacy.calibration."""
+"""Tests for raydpfl.privacy.accounting.calibration."""
 
 from __future__ import annotations
 
 import pytest
 
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.calibration import (
+from raydpfl.privacy.accounting.accountants import compute_epsilon
+from raydpfl.privacy.accounting.calibration import (
     MAX_STEPS_CAP,
     epsilon_for,
     max_steps_for,

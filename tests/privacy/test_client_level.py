@@ -1,4 +1,4 @@
-"""Client-level accounting and the population ledger (`raydpfl.privacy.client_level`).
+"""Client-level accounting and the population ledger (`raydpfl.privacy.accounting.client_level`).
 
 Every ε is compared with an independent dp-accounting computation built here from the
 events themselves, not from the module's helpers.
@@ -13,7 +13,7 @@ import pytest
 from dp_accounting import pld
 from dp_accounting.rdp import RdpAccountant
 
-from raydpfl.privacy.client_level import (
+from raydpfl.privacy.accounting.client_level import (
     POPULATION,
     ClientLevelCost,
     ClientLevelLedger,
@@ -21,7 +21,7 @@ from raydpfl.privacy.client_level import (
     client_level_max_rounds,
     client_level_noise_multiplier,
 )
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.accounting.ledger import PrivacyCost
 
 DELTA = 1e-5
 

@@ -1,4 +1,5 @@
-"""The client-level mechanisms of the privacy kernel (`raydpfl.privacy.client_level_mechanisms`).
+"""The client-level mechanisms of the privacy kernel
+(`raydpfl.privacy.mechanisms.client_level_mechanisms`).
 
 Each mechanism's charge is the `ClientLevelCost` the algorithms charged before the kernel
 drew their noise (written out here as the old code built it), its live form draws the
@@ -20,8 +21,8 @@ import torch
 from raydpfl.algorithms.base import ClientTask
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.algorithms.dp_ftrl_client import DPFTRLClientLevel
-from raydpfl.privacy.client_level import ClientLevelCost, tree_schedule
-from raydpfl.privacy.client_level_mechanisms import (
+from raydpfl.privacy.accounting.client_level import ClientLevelCost, tree_schedule
+from raydpfl.privacy.mechanisms.client_level_mechanisms import (
     COUNT_NOISE_PURPOSE,
     NOISE_PURPOSE,
     AdaptiveClipGaussianSum,
@@ -37,14 +38,14 @@ from raydpfl.privacy.client_level_mechanisms import (
     tree_node_for,
     tree_node_generator,
 )
-from raydpfl.privacy.dpsgd import gaussian_like
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.mechanisms.kernel import (
     PrivacyContractError,
     PrivacySession,
     SubsampledGaussian,
     costs_of,
     uses,
 )
+from raydpfl.privacy.per_sample.dpsgd import gaussian_like
 
 SEED = 7
 N = 40

@@ -22,11 +22,11 @@ from raydpfl.algorithms.base import ClientTask
 from raydpfl.config import ConfigError
 from raydpfl.config.schema import PrivacyConfig
 from raydpfl.experiment.build import build_experiment, run_experiment
-from raydpfl.privacy import counter_noise, noise_samplers
-from raydpfl.privacy.boxmuller import BoxMullerGenerator
-from raydpfl.privacy.dpsgd import fill_gaussian_, gaussian_like, standard_normal_like
-from raydpfl.privacy.multi_client import MultiClientDPSGD
-from raydpfl.privacy.ziggurat import ZigguratGenerator
+from raydpfl.privacy.noise import counter_noise, noise_samplers
+from raydpfl.privacy.noise.boxmuller import BoxMullerGenerator
+from raydpfl.privacy.noise.ziggurat import ZigguratGenerator
+from raydpfl.privacy.per_sample.dpsgd import fill_gaussian_, gaussian_like, standard_normal_like
+from raydpfl.privacy.per_sample.multi_client import MultiClientDPSGD
 from raydpfl.simulation.worker import ClientWorker
 from tests.conftest import dp_task, small_config
 

@@ -7,13 +7,14 @@ import dp_accounting
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
-from raydpfl.privacy.client_level import ClientLevelCost, client_level_epsilon
-from raydpfl.privacy.client_level_mechanisms import (
+from raydpfl.privacy.accounting.client_level import ClientLevelCost, client_level_epsilon
+from raydpfl.privacy.accounting.ledger import PrivacyCost, PrivacyLedger
+from raydpfl.privacy.mechanisms.client_level_mechanisms import (
     ClientGaussianSum,
     GaussianShare,
     TreeAggregationRelease,
 )
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.mechanisms.kernel import (
     ExponentialSelection,
     GaussianRelease,
     LaplaceRelease,
@@ -21,7 +22,6 @@ from raydpfl.privacy.kernel import (
     dp_event,
     uses,
 )
-from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
 
 DELTA = 1e-5
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from raydpfl.privacy.dpsgd import (
+from raydpfl.privacy.per_sample.dpsgd import (
     LossWeightRule,
     PerSampleGradients,
     add_gaussian_noise,
@@ -203,10 +203,10 @@ def test_fused_step_equals_subtracting_the_privatised_gradient(
     book-keeping engine and Box-Muller the step forms no noise tensor (the sampler adds
     into the parameters), and a small batch's Linear weight sums are added with the
     noise (``add_low_rank``): the same draws, the same update up to float rounding."""
-    from raydpfl.privacy import dpsgd
-    from raydpfl.privacy.boxmuller import BoxMullerGenerator
-    from raydpfl.privacy.engines import make_engine
-    from raydpfl.privacy.noise_samplers import seeded_stream
+    from raydpfl.privacy.noise.boxmuller import BoxMullerGenerator
+    from raydpfl.privacy.noise.noise_samplers import seeded_stream
+    from raydpfl.privacy.per_sample import dpsgd
+    from raydpfl.privacy.per_sample.engines import make_engine
 
     assert 3 <= dpsgd.LOW_RANK_MAX_BATCH < 9
     model, params, x, y = _model_and_batch(n)
@@ -261,8 +261,8 @@ def test_fused_step_equals_subtracting_the_privatised_gradient(
 def test_a_batch_over_one_chunk_keeps_the_noise_tensor():
     """Adding into the parameters needs every layer's sum formed after the one forward
     pass: a batch over the engine's chunk takes the noise-tensor path, still correct."""
-    from raydpfl.privacy.bookkeeping import BookkeepingClipping
-    from raydpfl.privacy.noise_samplers import seeded_stream
+    from raydpfl.privacy.noise.noise_samplers import seeded_stream
+    from raydpfl.privacy.per_sample.bookkeeping import BookkeepingClipping
 
     model, params, x, y = _model_and_batch(9)
     engine = BookkeepingClipping(model, max_chunk=4)
@@ -312,7 +312,7 @@ def test_clipped_sum_into_adds_the_sum_to_the_given_tensors(engine_kind, n):
     """`into=` returns the caller's own tensors with the clipped sum added (the fused
     GEMM for Linear layers), equal to adding the separately formed sum; an empty batch
     leaves them unchanged."""
-    from raydpfl.privacy.engines import make_engine
+    from raydpfl.privacy.per_sample.engines import make_engine
 
     model, params, x, y = _model_and_batch(max(n, 1))
     x, y = x[:n], y[:n]
@@ -345,8 +345,8 @@ def test_clipped_sum_into_adds_the_sum_to_the_given_tensors(engine_kind, n):
     ids=["twice-C", "nan", "negative-3C"],
 )
 def test_a_weight_rule_that_exceeds_the_clip_norm_is_refused(engine_kind, rule):
-    from raydpfl.privacy.dpsgd import SensitivityError, dp_sgd_step_
-    from raydpfl.privacy.engines import make_engine
+    from raydpfl.privacy.per_sample.dpsgd import SensitivityError, dp_sgd_step_
+    from raydpfl.privacy.per_sample.engines import make_engine
 
     model, params, x, y = _model_and_batch()
     engine = make_engine(model, engine_kind)
@@ -366,7 +366,7 @@ def test_a_weight_rule_that_exceeds_the_clip_norm_is_refused(engine_kind, rule):
 
 
 def test_a_rule_within_the_bound_passes_unchanged_and_only_the_platform_opts_out():
-    from raydpfl.privacy.dpsgd import BoundedWeightRule, SensitivityError
+    from raydpfl.privacy.per_sample.dpsgd import BoundedWeightRule, SensitivityError
 
     norms = torch.tensor([0.5, 2.0, 8.0])
     inside = BoundedWeightRule(lambda n: -clip_weights(n, 1.0), 1.0)  # sign is free

@@ -10,7 +10,9 @@ import pytest
 import torch
 from scipy import stats
 
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.accounting.ledger import PrivacyCost
+from raydpfl.privacy.accounting.single_release import gaussian_sigma_analytic
+from raydpfl.privacy.mechanisms.kernel import (
     CertifiedGaussianRelease,
     ExponentialSelection,
     GaussianRelease,
@@ -23,8 +25,6 @@ from raydpfl.privacy.kernel import (
     check_receipt,
     uses,
 )
-from raydpfl.privacy.ledger import PrivacyCost
-from raydpfl.privacy.mechanisms import gaussian_sigma_analytic
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -89,8 +89,8 @@ def _bound(declared, gen: torch.Generator, n: int = 1000, features: int = 125):
     linear model (every per-sample gradient exactly 0: a release is its noise alone)."""
     from torch import nn
 
-    from raydpfl.privacy.engines import make_engine
-    from raydpfl.privacy.kernel import ClientRecords
+    from raydpfl.privacy.mechanisms.kernel import ClientRecords
+    from raydpfl.privacy.per_sample.engines import make_engine
 
     model = nn.Linear(features, 2, bias=False)
     records = ClientRecords(
@@ -193,7 +193,7 @@ def test_opacus_largest_alpha_notice_goes_to_the_log_not_the_terminal(caplog):
     import logging
     import warnings
 
-    from raydpfl.privacy.accountants import compute_epsilon
+    from raydpfl.privacy.accounting.accountants import compute_epsilon
 
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
         warnings.simplefilter("always")

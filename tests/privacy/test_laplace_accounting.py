@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from raydpfl.privacy.accountants import (
+from raydpfl.privacy.accounting.accountants import (
     compute_epsilon,
     compute_epsilon_extended,
     laplace_rdp,
 )
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.accounting.ledger import PrivacyCost
 
 
 def _renyi_laplace_numeric(b: float, alpha: float) -> float:

@@ -1,4 +1,4 @@
-"""Tests for raydpfl.privacy.ledger."""
+"""Tests for raydpfl.privacy.accounting.ledger."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from raydpfl.privacy.accountants import compute_epsilon, describe_accountant
-from raydpfl.privacy.ledger import BudgetExceededError, PrivacyCost, PrivacyLedger
+from raydpfl.privacy.accounting.accountants import compute_epsilon, describe_accountant
+from raydpfl.privacy.accounting.ledger import BudgetExceededError, PrivacyCost, PrivacyLedger
 
 DELTA = 1e-5
 COST = PrivacyCost(noise_multiplier=1.1, sampling_rate=0.015, steps=100)
@@ -240,7 +240,7 @@ def test_invalid_client_and_cost():
 def test_ledger_does_not_import_ray():
     code = (
         "import sys\n"
-        "from raydpfl.privacy.ledger import PrivacyLedger, PrivacyCost\n"
+        "from raydpfl.privacy.accounting.ledger import PrivacyLedger, PrivacyCost\n"
         "l = PrivacyLedger('rdp', 1e-5, 10.0)\n"
         "l.charge(0, PrivacyCost(1.0, 0.1, 10))\n"
         "assert 'ray' not in sys.modules\n"

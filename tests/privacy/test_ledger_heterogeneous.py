@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from raydpfl.privacy.accountants import compute_epsilon, compute_epsilon_extended
-from raydpfl.privacy.ledger import BudgetExceededError, PrivacyCost, PrivacyLedger
+from raydpfl.privacy.accounting.accountants import compute_epsilon, compute_epsilon_extended
+from raydpfl.privacy.accounting.ledger import BudgetExceededError, PrivacyCost, PrivacyLedger
 
 
 def _ledger() -> PrivacyLedger:

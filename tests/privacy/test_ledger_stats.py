@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raydpfl.privacy.client_level import POPULATION, ClientLevelCost, ClientLevelLedger
-from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
-from raydpfl.privacy.ledger_stats import EpsilonStats
+from raydpfl.privacy.accounting.client_level import POPULATION, ClientLevelCost, ClientLevelLedger
+from raydpfl.privacy.accounting.ledger import PrivacyCost, PrivacyLedger
+from raydpfl.privacy.accounting.ledger_stats import EpsilonStats
 
 N = 50
 COSTS = (

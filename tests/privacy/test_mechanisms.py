@@ -1,4 +1,5 @@
-"""Single-release calibrations (raydpfl.privacy.mechanisms) against independent formulas."""
+"""Single-release calibrations (raydpfl.privacy.accounting.single_release) against
+independent formulas."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 from scipy.stats import norm
 
-from raydpfl.privacy.mechanisms import (
+from raydpfl.privacy.accounting.single_release import (
     gaussian_sigma_analytic,
     gaussian_sigma_classic,
     gaussian_sigma_zcdp,

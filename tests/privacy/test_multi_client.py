@@ -24,9 +24,9 @@ from torch import nn
 from raydpfl.algorithms import DPFedAvg
 from raydpfl.algorithms.base import ClientContext, ClientData, WeightedUpdateSum
 from raydpfl.models import build_model
-from raydpfl.privacy import multi_client
-from raydpfl.privacy.engines import make_engine
-from raydpfl.privacy.multi_client import MultiClientDPSGD, for_model, pays_off
+from raydpfl.privacy.per_sample import multi_client
+from raydpfl.privacy.per_sample.engines import make_engine
+from raydpfl.privacy.per_sample.multi_client import MultiClientDPSGD, for_model, pays_off
 
 SIZES = [1, 2, 5, 37, 120, 9]  # very different |D_i|; the 1-record client has empty batches
 SHAPE = (1, 8, 8)
@@ -385,7 +385,7 @@ def test_grouped_bookkeeping_leaves_the_resident_model_untouched():
 
 
 def test_same_device_treats_an_unindexed_device_as_the_current_one():
-    from raydpfl.privacy.multi_client import same_device
+    from raydpfl.privacy.per_sample.multi_client import same_device
 
     assert same_device(torch.device("cpu"), torch.device("cpu"))
     assert same_device(torch.device("cpu", 0), torch.device("cpu"))

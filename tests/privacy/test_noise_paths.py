@@ -59,7 +59,7 @@ from torch import nn
 
 from raydpfl.algorithms.base import ClientTask, WeightedUpdateSum
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.mechanisms.kernel import (
     ExponentialSelection,
     LaplaceRelease,
     uses,
@@ -305,7 +305,7 @@ def flat(update: dict[str, torch.Tensor]) -> np.ndarray:
 def prefix_task(task, tau: int):
     """`task` cut to its first `tau` DP-SGD steps, declaring (and so charged for) `tau`
     invocations of its `SubsampledGaussian`: the worker refuses a receipt that differs."""
-    from raydpfl.privacy.kernel import SubsampledGaussian, uses
+    from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian, uses
 
     mechanisms = tuple(
         uses(u.mechanism, tau) if isinstance(u.mechanism, SubsampledGaussian) else u
@@ -417,7 +417,7 @@ def multi_client_release(engine: str, algorithm=None) -> Release:
     """Per-step noise of DP-FedAvg's tasks trained all at once (`MultiClientDPSGD.run`),
     each client on its own stream derived as the worker derives it
     (`seeding.torch_generator(seed, round, client, "train")`)."""
-    from raydpfl.privacy.multi_client import MultiClientDPSGD
+    from raydpfl.privacy.per_sample.multi_client import MultiClientDPSGD
 
     algorithm = algorithm or dp_fedavg()
     sizes = [N_RECORDS] * len(DPSGD_CLIENTS)
@@ -479,7 +479,11 @@ def test_vectorised_group_sum_through_the_worker_carries_every_clients_noise():
 def test_dp_sgd_gradient_noise():
     """`dpsgd.dp_sgd_gradient` (the privatised gradient MR-MTL applies with its correction):
     (Σ clip + N(0, σ²C²))/(q·|D|), from the client's derived stream, fresh per step."""
-    from raydpfl.privacy.dpsgd import PerSampleGradients, dp_sgd_gradient, poisson_sample
+    from raydpfl.privacy.per_sample.dpsgd import (
+        PerSampleGradients,
+        dp_sgd_gradient,
+        poisson_sample,
+    )
 
     data = dataset([N_RECORDS])
     x, y = torch.as_tensor(data.x), torch.as_tensor(data.y)
@@ -570,7 +574,7 @@ def loss_release(algorithm, make_task, key: str, worker_cls=ClientWorker):
             if "loss_batch_size" in result.metrics:
                 m = result.metrics["loss_batch_size"]
             else:  # the batch is the first draw of the task's stream: redraw it
-                from raydpfl.privacy.dpsgd import poisson_sample
+                from raydpfl.privacy.per_sample.dpsgd import poisson_sample
 
                 m = poisson_sample(N_RECORDS, cost.sampling_rate, w._stream(task)).numel()
             denominator = cost.sampling_rate * N_RECORDS
@@ -1013,7 +1017,7 @@ def test_dp_sgd_clipping_bounds_each_contribution(make, engine):
 
 @pytest.mark.parametrize("engine", ["vmap", "bookkeeping"])
 def test_vectorised_clipping_bounds_each_contribution(engine):
-    from raydpfl.privacy.multi_client import MultiClientDPSGD
+    from raydpfl.privacy.per_sample.multi_client import MultiClientDPSGD
 
     data = dataset([1] * CLIP_CLIENTS, scale=30.0)
     x, y = torch.as_tensor(data.x), torch.as_tensor(data.y)

@@ -7,7 +7,7 @@ from torch import nn
 from torch.func import functional_call
 
 from raydpfl.models import FedAvgCNN
-from raydpfl.privacy.param_binding import ParameterBinding
+from raydpfl.privacy.per_sample.param_binding import ParameterBinding
 
 
 class Tied(nn.Module):

@@ -14,9 +14,9 @@ from torch import nn
 import raydpfl.config.schema
 import raydpfl.papers  # noqa: F401  (registers the papers' models)
 from raydpfl import registry
-from raydpfl.privacy.bookkeeping import BookkeepingClipping, first_unsupported
-from raydpfl.privacy.dpsgd import PerSampleGradients, clip_weights
-from raydpfl.privacy.engines import EngineFallbackWarning, make_engine
+from raydpfl.privacy.per_sample.bookkeeping import BookkeepingClipping, first_unsupported
+from raydpfl.privacy.per_sample.dpsgd import PerSampleGradients, clip_weights
+from raydpfl.privacy.per_sample.engines import EngineFallbackWarning, make_engine
 
 
 def _shape(name: str) -> tuple[tuple[int, ...], int]:

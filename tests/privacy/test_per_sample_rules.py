@@ -13,8 +13,8 @@ from torch import nn
 import raydpfl.config.schema  # noqa: F401  (registers the text models)
 from raydpfl.models import build_model
 from raydpfl.models.recurrent import DPGRU, DPLSTM
-from raydpfl.privacy.bookkeeping import BookkeepingClipping, first_unsupported
-from raydpfl.privacy.dpsgd import clip_weights
+from raydpfl.privacy.per_sample.bookkeeping import BookkeepingClipping, first_unsupported
+from raydpfl.privacy.per_sample.dpsgd import clip_weights
 from raydpfl.privacy.per_sample.embedding import EmbeddingRule
 
 BATCHES = (0, 1, 2, 7)

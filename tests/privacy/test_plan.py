@@ -9,8 +9,8 @@ from raydpfl.experiment.privacy_settings import plan_dp_sgd
 from raydpfl.papers.ali_dpfl.privacy_plan import plan_privacy as ali_plan
 from raydpfl.papers.fedfdp.privacy_plan import plan_privacy as fedfdp_plan
 from raydpfl.papers.rc_dpfl.privacy_plan import plan_privacy as rc_plan
-from raydpfl.privacy.kernel import SubsampledGaussian
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.plan import PrivacyPlan
+from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian
 from tests.conftest import small_config
 
 SIZES = np.full(10, 600)

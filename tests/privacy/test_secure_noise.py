@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from raydpfl.experiment.build import build_experiment, run_experiment
-from raydpfl.privacy import secure_noise
-from raydpfl.privacy.dpsgd import (
+from raydpfl.privacy.noise import secure_noise
+from raydpfl.privacy.noise.secure_noise import SecureGenerator
+from raydpfl.privacy.per_sample.dpsgd import (
     add_gaussian_noise,
     fill_gaussian_,
     gaussian_like,
@@ -22,8 +23,7 @@ from raydpfl.privacy.dpsgd import (
     standard_normal_like,
     uniform_draws,
 )
-from raydpfl.privacy.multi_client import MultiClientDPSGD
-from raydpfl.privacy.secure_noise import SecureGenerator
+from raydpfl.privacy.per_sample.multi_client import MultiClientDPSGD
 from raydpfl.simulation.worker import ClientWorker
 from tests.conftest import dp_task, small_config
 

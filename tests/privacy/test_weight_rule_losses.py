@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from raydpfl.papers.fedfdp.theory import fair_clip_weights
-from raydpfl.privacy.bookkeeping import BookkeepingClipping
-from raydpfl.privacy.dpsgd import (
+from raydpfl.privacy.per_sample.bookkeeping import BookkeepingClipping
+from raydpfl.privacy.per_sample.dpsgd import (
     LossWeightRule,
     PerSampleGradients,
     clip_weights,

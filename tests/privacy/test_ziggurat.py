@@ -16,8 +16,8 @@ import pytest
 import torch
 from scipy import stats
 
-from raydpfl.privacy import counter_noise, ziggurat
-from raydpfl.privacy.ziggurat import ZigguratGenerator
+from raydpfl.privacy.noise import counter_noise, ziggurat
+from raydpfl.privacy.noise.ziggurat import ZigguratGenerator
 
 N = 1_000_000
 Z_BOUND = 5.0  # two-sided normal probability 5.7e-7

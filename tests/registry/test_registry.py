@@ -110,7 +110,7 @@ def test_a_registered_algorithm_is_built_from_its_name_and_options(clean_registr
 def test_a_null_sigma_is_calibrated_for_a_registered_algorithm(clean_registry):
     raydpfl.register_algorithm("test_momentum", options=MomentumOptions)(Momentum)
     from raydpfl.experiment import build_experiment
-    from raydpfl.privacy.calibration import noise_multiplier_for
+    from raydpfl.privacy.accounting.calibration import noise_multiplier_for
 
     raw = _config(
         algorithm={"name": "test_momentum"}, privacy={"noise_multiplier": None, "epsilon": 3.0}

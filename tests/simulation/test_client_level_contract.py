@@ -4,7 +4,7 @@ the round's kernel session, exactly once per declared release, or the run stops.
 Every plug-in below ran to the end before client-level noise went through the kernel
 (each reported the ε of noise it did not draw, or drew twice); now the run stops with
 `PrivacyContractError` naming the round, and the CLI exits 2 in one line. The module
-imports nothing from `raydpfl.privacy.client_level_mechanisms` at its top, so the same
+imports nothing from `raydpfl.privacy.mechanisms.client_level_mechanisms` at its top, so the same
 file runs (and fails) on the code before it.
 """
 
@@ -30,10 +30,10 @@ from raydpfl.algorithms.dp_ftrl_client import DPFTRLClientLevel
 from raydpfl.algorithms.fedavg import FedAvg
 from raydpfl.config.load import dump_config
 from raydpfl.experiment.build import build_experiment, run_experiment
-from raydpfl.privacy.client_level import ClientLevelCost
-from raydpfl.privacy.client_level_mechanisms import population_charge
-from raydpfl.privacy.dpsgd import gaussian_like
-from raydpfl.privacy.kernel import PrivacyContractError
+from raydpfl.privacy.accounting.client_level import ClientLevelCost
+from raydpfl.privacy.mechanisms.client_level_mechanisms import population_charge
+from raydpfl.privacy.mechanisms.kernel import PrivacyContractError
+from raydpfl.privacy.per_sample.dpsgd import gaussian_like
 from tests.conftest import small_config
 
 POISSON = {"sampling": "poisson", "client_sampling_rate": 0.4}

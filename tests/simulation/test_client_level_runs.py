@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.conftest import small_config
 
 from raydpfl.cli.main import main
 from raydpfl.config import ConfigError
 from raydpfl.config.load import dump_config
 from raydpfl.experiment.build import build_experiment, make_local_backend, run_experiment
-from raydpfl.privacy.client_level import (
+from raydpfl.privacy.accounting.client_level import (
     ClientLevelCost,
     ClientLevelLedger,
     client_level_epsilon,
@@ -21,6 +20,7 @@ from raydpfl.privacy.client_level import (
 )
 from raydpfl.simulation.experiment import make_server
 from raydpfl.simulation.outputs import RunWriter
+from tests.conftest import small_config
 
 POISSON = {"sampling": "poisson", "client_sampling_rate": 0.4}
 FIXED_DISTRIBUTED = {"sampling": "fixed", "noise": "distributed", "clipping": "per_layer"}
@@ -232,7 +232,7 @@ def test_run_simulation_hands_back_the_population_ledger_also_for_an_algorithm_o
 def test_a_record_level_ledger_refuses_a_client_level_round_cost():
     import dataclasses
 
-    from raydpfl.privacy.ledger import PrivacyLedger
+    from raydpfl.privacy.accounting.ledger import PrivacyLedger
 
     exp = build_experiment(_config())
     mixed = dataclasses.replace(exp, ledger=PrivacyLedger("rdp", 1e-3, 30.0))

@@ -19,8 +19,8 @@ from raydpfl.algorithms import DPFedAvg
 from raydpfl.algorithms import dp_fedavg as dp_fedavg_module
 from raydpfl.algorithms.base import ClientTask, privacy_session
 from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_update
-from raydpfl.privacy.dpsgd import dp_sgd_step_
-from raydpfl.privacy.kernel import PrivacyContractError, SubsampledGaussian, uses
+from raydpfl.privacy.mechanisms.kernel import PrivacyContractError, SubsampledGaussian, uses
+from raydpfl.privacy.per_sample.dpsgd import dp_sgd_step_
 from tests.algorithms.test_local_dp_sgd import _reference_steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ class OwnSession(DPFedAvg):
     name = "own_session"
 
     def local_update(self, ctx, params, data, task):
-        from raydpfl.privacy.kernel import PrivacySession
+        from raydpfl.privacy.mechanisms.kernel import PrivacySession
 
         weak = SubsampledGaussian(0.01, self.clip_norm, self.sampling_rate)
         ctx.privacy = PrivacySession((uses(weak, task.local_steps),), ctx.generator, ctx.device)

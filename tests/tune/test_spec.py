@@ -8,8 +8,8 @@ import math
 import pytest
 
 from raydpfl.config.schema import ConfigError
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.accounting.accountants import compute_epsilon
+from raydpfl.privacy.accounting.ledger import PrivacyCost
 from raydpfl.tune.selection import composed_ledger
 from raydpfl.tune.spec import parse_sweep
 from raydpfl.tune.sweep import TrialReporter, param_space, trial_bundles
@@ -256,7 +256,11 @@ def _write_log(run, rounds):
 
 
 def test_a_client_level_sweep_composes_the_population_charges(tmp_path):
-    from raydpfl.privacy.client_level import POPULATION, ClientLevelCost, client_level_epsilon
+    from raydpfl.privacy.accounting.client_level import (
+        POPULATION,
+        ClientLevelCost,
+        client_level_epsilon,
+    )
 
     costs = [
         ClientLevelCost(1.0, "poisson", 200, sampling_rate=0.1),
@@ -273,7 +277,7 @@ def test_a_client_level_sweep_composes_the_population_charges(tmp_path):
 
 
 def test_a_sweep_mixing_privacy_units_is_refused(tmp_path):
-    from raydpfl.privacy.client_level import POPULATION, ClientLevelCost
+    from raydpfl.privacy.accounting.client_level import POPULATION, ClientLevelCost
 
     _write_log(
         tmp_path / "a",

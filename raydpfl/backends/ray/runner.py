@@ -33,7 +33,7 @@ from raydpfl.backends.ray.backend import RayBackend
 from raydpfl.backends.ray.reaper import RELEASE, descendants, start_reaper
 from raydpfl.backends.ray.runtime_env import CodeMismatchError, check_same_code, runtime_env_for
 from raydpfl.config.schema import ConfigError, RuntimeConfig
-from raydpfl.privacy.kernel import PrivacyContractError
+from raydpfl.privacy.mechanisms.kernel import PrivacyContractError
 from raydpfl.registry.plugin_files import plugin_files
 from raydpfl.simulation.backend import ServerLostError, ServerStartError
 from raydpfl.simulation.experiment import Experiment, make_server

@@ -20,14 +20,14 @@ from raydpfl.config import as_config_error
 from raydpfl.config.client_level import ClientLevelOptions, DPFTRLOptions
 from raydpfl.config.schema import ConfigError, PrivacyConfig
 from raydpfl.experiment.privacy_settings import PRIVACY_STATEMENT
-from raydpfl.privacy.accountants import describe_accountant
-from raydpfl.privacy.client_level import (
+from raydpfl.privacy.accounting.accountants import describe_accountant
+from raydpfl.privacy.accounting.client_level import (
     ClientLevelCost,
     ClientLevelLedger,
     check_client_level_accountant,
     client_level_noise_multiplier,
 )
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.plan import PrivacyPlan
 
 
 def build(context: Any) -> DPFedAvgClientLevel:

@@ -10,7 +10,7 @@ from raydpfl.algorithms import Algorithm, DPFedAvg, FedAvg
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.experiment.privacy_settings import check_delta, plan_dp_sgd
-from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
 
 
 def build(

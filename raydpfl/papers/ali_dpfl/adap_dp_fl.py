@@ -94,13 +94,13 @@ from raydpfl.algorithms.local_dp_sgd import (
     dp_sgd_local_update,
     noisy_loss_query,
 )
-from raydpfl.privacy.accountants import (
+from raydpfl.privacy.accounting.accountants import (
     HistoryEntry,
     compute_epsilon,
     validate_accountant,
     validate_delta,
 )
-from raydpfl.privacy.kernel import SubsampledGaussian, uses
+from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian, uses
 
 LossSource = Literal["dp_followup", "metric"]
 ClipEstimator = Literal["noisy", "debiased"]
@@ -174,7 +174,7 @@ class AdapDpFl(UniformCohortAlgorithm):
         noise_multiplier: σ_0.
         noise_decay: β in (0, 1].
         epsilon, delta: The per-client budget (ε, δ) the run must stay within.
-        accountant: The ledger's accountant (one of `privacy.accountants.ACCOUNTANTS`).
+        accountant: The ledger's accountant (one of `privacy.accounting.accountants.ACCOUNTANTS`).
         num_params: d (needed by ``clip_estimator="debiased"``).
         patience: Consecutive loss decreases that trigger a decay (spec: 4).
         clip_factor: α in C_k = α·s_k.

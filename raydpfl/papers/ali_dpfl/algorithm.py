@@ -54,7 +54,7 @@ from raydpfl.algorithms.base import (
 )
 from raydpfl.algorithms.local_dp_sgd import ACTUAL_DIVISOR_RELEASE, Normalizer, dp_sgd_local_update
 from raydpfl.papers.ali_dpfl.theory import TAU_MAX, round_tau, tau_star
-from raydpfl.privacy.kernel import SubsampledGaussian, uses
+from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian, uses
 
 #: Guards the division by ‖w^i − w‖ in the μ estimate (§4.6.1 [REC]).
 MU_EPS = 1e-12

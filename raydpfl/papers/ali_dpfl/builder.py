@@ -17,8 +17,8 @@ from raydpfl.papers.ali_dpfl.adap_dp_fl import AdapDpFl
 from raydpfl.papers.ali_dpfl.algorithm import AliDpfl, DPFedAvgFixedTau
 from raydpfl.papers.ali_dpfl.pe_dpfl import PeDpfl
 from raydpfl.papers.ali_dpfl.privacy_plan import plan_privacy
-from raydpfl.privacy.ledger import PrivacyLedger
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.plan import PrivacyPlan
 
 
 def build(

@@ -71,11 +71,11 @@ from raydpfl.algorithms.base import (
     parameter_delta,
     privacy_session,
 )
-from raydpfl.privacy.accountants import validate_accountant, validate_delta
-from raydpfl.privacy.calibration import max_steps_for, noise_multiplier_for
-from raydpfl.privacy.dpsgd import poisson_sample
-from raydpfl.privacy.kernel import GaussianRelease, uses
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.accounting.accountants import validate_accountant, validate_delta
+from raydpfl.privacy.accounting.calibration import max_steps_for, noise_multiplier_for
+from raydpfl.privacy.accounting.ledger import PrivacyCost
+from raydpfl.privacy.mechanisms.kernel import GaussianRelease, uses
+from raydpfl.privacy.per_sample.dpsgd import poisson_sample
 
 #: L2 sensitivity of a clipped update, in units of the clip bound S (add/remove one record).
 SENSITIVITY_FACTOR = 2.0

@@ -13,8 +13,8 @@ from raydpfl.config.schema import Config, ConfigError
 from raydpfl.experiment.privacy_settings import check_delta, record_plan
 from raydpfl.papers.ali_dpfl.pe_dpfl import calibrate_noise_multiplier as calibrate_pe_noise
 from raydpfl.papers.ali_dpfl.theory import classic_epsilon, iteration_budget
-from raydpfl.privacy.calibration import epsilon_for
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.calibration import epsilon_for
+from raydpfl.privacy.accounting.plan import PrivacyPlan
 
 
 def plan_privacy(config: Config, sizes: np.ndarray) -> PrivacyPlan:

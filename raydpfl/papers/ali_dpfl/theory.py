@@ -21,8 +21,8 @@ from typing import Literal
 
 # The classic conversion and Algorithm 3 are generic accounting (also behind
 # `raydpfl privacy steps`): they live in the core and are ALI-DPFL's names here too.
-from raydpfl.privacy.step_budget import CLASSIC_ORDERS as ALI_DPFL_ORDERS
-from raydpfl.privacy.step_budget import classic_epsilon, iteration_budget
+from raydpfl.privacy.accounting.step_budget import CLASSIC_ORDERS as ALI_DPFL_ORDERS
+from raydpfl.privacy.accounting.step_budget import classic_epsilon, iteration_budget
 
 __all__ = [
     "ALI_DPFL_ORDERS",

@@ -1,7 +1,7 @@
 """Input checks of DPFL-BCS's pure functions: a ValueError naming the argument.
 
-The scalar checks are the privacy kit's (`raydpfl.privacy.mechanisms`); the plan and array
-checks are the paper's.
+The scalar checks are the privacy kit's (`raydpfl.privacy.accounting.single_release`); the
+plan and array checks are the paper's.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 
-from raydpfl.privacy.mechanisms import check_delta as _delta
-from raydpfl.privacy.mechanisms import check_nonnegative as _nonnegative
-from raydpfl.privacy.mechanisms import check_positive as _positive
+from raydpfl.privacy.accounting.single_release import check_delta as _delta
+from raydpfl.privacy.accounting.single_release import check_nonnegative as _nonnegative
+from raydpfl.privacy.accounting.single_release import check_positive as _positive
 
 __all__ = ["_array", "_count", "_delta", "_nonnegative", "_positive", "_upper"]
 

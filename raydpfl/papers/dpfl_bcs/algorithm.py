@@ -98,18 +98,18 @@ from raydpfl.papers.dpfl_bcs.estimation import (
 )
 from raydpfl.papers.dpfl_bcs.planning import round_plan, solve_p1
 from raydpfl.papers.dpfl_bcs.sampling import sample_clients
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.accounting.ledger import PrivacyCost
+from raydpfl.privacy.accounting.single_release import (
+    gaussian_sigma_zcdp,
+    zcdp_epsilon,
+    zcdp_rho,
+)
+from raydpfl.privacy.mechanisms.kernel import (
     CertifiedGaussianRelease,
     GaussianRelease,
     LaplaceRelease,
     laplace_noise,  # noqa: F401  (re-exported: the Laplace draw lives in the kernel)
     uses,
-)
-from raydpfl.privacy.ledger import PrivacyCost
-from raydpfl.privacy.mechanisms import (
-    gaussian_sigma_zcdp,
-    zcdp_epsilon,
-    zcdp_rho,
 )
 
 Mechanism = Literal["gaussian", "laplace", "none"]

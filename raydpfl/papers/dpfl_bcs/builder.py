@@ -35,8 +35,8 @@ from raydpfl.papers.dpfl_bcs.algorithm import BcsFedSgd, DpflBcs
 from raydpfl.papers.dpfl_bcs.options import REGRESSION_LOSS_BOUND
 from raydpfl.papers.dpfl_bcs.privacy_plan import _FIELD, plan_privacy
 from raydpfl.papers.dpfl_bcs.privatefl import PrivateFl
-from raydpfl.privacy.ledger import PrivacyLedger
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.plan import PrivacyPlan
 
 
 def build(

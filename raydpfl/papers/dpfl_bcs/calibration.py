@@ -27,9 +27,9 @@ from raydpfl.papers.dpfl_bcs._checks import (
     _positive,
 )
 
-# The generic single-release calibrations live in raydpfl.privacy.mechanisms; re-exported
-# here because the paper's calibration modes (§4.4) are written in their terms.
-from raydpfl.privacy.mechanisms import (  # noqa: F401
+# The generic single-release calibrations live in raydpfl.privacy.accounting.single_release;
+# re-exported here because the paper's calibration modes (§4.4) are written in their terms.
+from raydpfl.privacy.accounting.single_release import (  # noqa: F401
     gaussian_sigma_analytic,
     gaussian_sigma_classic,
     gaussian_sigma_zcdp,

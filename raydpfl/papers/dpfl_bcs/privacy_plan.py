@@ -19,8 +19,8 @@ import numpy as np
 
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
-from raydpfl.privacy.accountants import describe_accountant
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.accountants import describe_accountant
+from raydpfl.privacy.accounting.plan import PrivacyPlan
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, numpy_rng
 
 _FIELD = "experiment.algorithm.dpfl_bcs"

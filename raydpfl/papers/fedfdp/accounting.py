@@ -15,14 +15,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from raydpfl.privacy._checks import _count, _non_negative, _positive, _rate
-from raydpfl.privacy.accountants import (
+from raydpfl.privacy.accounting._checks import _count, _non_negative, _positive, _rate
+from raydpfl.privacy.accounting.accountants import (
     ACCOUNTANTS,
     HistoryEntry,
     compute_epsilon,
     validate_delta,
 )
-from raydpfl.privacy.calibration import bisect_steps_within, largest_feasible_steps
+from raydpfl.privacy.accounting.calibration import bisect_steps_within, largest_feasible_steps
 
 __all__ = [
     "PAPER_ORDERS",
@@ -72,7 +72,7 @@ def fedfdp_history(
 
     Returns:
         ``(noise_multiplier, sampling_rate, steps)`` entries for
-        `raydpfl.privacy.accountants.compute_epsilon` (zero-step entries are kept; the
+        `raydpfl.privacy.accounting.accountants.compute_epsilon` (zero-step entries are kept; the
         accountant drops them).
     """
     rounds = _count(rounds, "rounds")
@@ -118,7 +118,7 @@ def paper_epsilon(history: Iterable[Sequence[float]], delta: float) -> float:
     2020 Prop. 12: ε = min_α [R(α) + ln((α−1)/α) − (ln δ + ln α)/(α−1)], with the code's
     short-cut ε_α = 0 when δ² + expm1(−R(α)) ≥ 0. Steps may be fractional (the code's
     search runs over real step counts). Use it to reproduce the paper's numbers; the ledger
-    charges with `raydpfl.privacy.accountants` instead.
+    charges with `raydpfl.privacy.accounting.accountants` instead.
 
     Args:
         history: ``(noise_multiplier, sampling_rate, steps)`` entries, steps ≥ 0 real.
@@ -165,7 +165,7 @@ def max_rounds(
     Args:
         target_epsilon: ε > 0.
         delta: δ in (0, 1).
-        accountant: One of `raydpfl.privacy.accountants.ACCOUNTANTS` (what the ledger
+        accountant: One of `raydpfl.privacy.accounting.accountants.ACCOUNTANTS` (what the ledger
             charges), or ``paper`` for `paper_epsilon`.
         **history: `fedfdp_history`'s keyword arguments (sampling_rate,
             noise_multiplier, loss_noise_multiplier, loss_sampling_rate, local_steps,

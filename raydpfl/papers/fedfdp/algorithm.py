@@ -61,7 +61,7 @@ from raydpfl.papers.fedfdp.theory import (
     fair_clip_weights_paper,
     fairness_scale,
 )
-from raydpfl.privacy.dpsgd import LossWeightRule
+from raydpfl.privacy.per_sample.dpsgd import LossWeightRule
 
 ClipMode = Literal["abs", "descent", "zero", "paper"]
 LambdaMode = Literal["fixed", "closed_form", "numeric"]

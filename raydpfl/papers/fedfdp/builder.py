@@ -37,8 +37,8 @@ from raydpfl.papers.fedfdp.options import PRIVATE_NAMES
 from raydpfl.papers.fedfdp.privacy_plan import plan_privacy
 from raydpfl.papers.fedfdp.qffl import DPQFFL, QFFL
 from raydpfl.papers.fedfdp.scaffold import DPScaffold, Scaffold
-from raydpfl.privacy.kernel import UNBOUNDED_WEIGHT_RULES
-from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
+from raydpfl.privacy.mechanisms.kernel import UNBOUNDED_WEIGHT_RULES
 
 
 def build(

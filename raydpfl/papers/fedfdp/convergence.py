@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from raydpfl.privacy._checks import _count, _non_negative, _positive, _real
+from raydpfl.privacy.accounting._checks import _count, _non_negative, _positive, _real
 
 __all__ = [
     "BoundCoefficients",

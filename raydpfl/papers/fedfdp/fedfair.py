@@ -30,7 +30,7 @@ from raydpfl.algorithms.base import (
 )
 from raydpfl.algorithms.local_dp_sgd import per_sample_losses
 from raydpfl.papers.fedfdp.pfl_base import PflBase, local_sgd, mean_loss
-from raydpfl.privacy.dpsgd import poisson_sample
+from raydpfl.privacy.per_sample.dpsgd import poisson_sample
 
 
 def fair_lr_factor(batch_loss: float, global_loss: float, lam: float) -> float:

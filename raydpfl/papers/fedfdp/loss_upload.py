@@ -18,7 +18,7 @@ import torch
 from raydpfl.algorithms.base import ClientContext, ClientData, ClientResult, ClientTask, Params
 from raydpfl.algorithms.local_dp_sgd import noisy_loss_query
 from raydpfl.papers.fedfdp.theory import next_loss_clip_bound
-from raydpfl.privacy.kernel import SubsampledGaussian, uses
+from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian, uses
 
 
 class LossUpload:

@@ -44,8 +44,8 @@ from raydpfl.algorithms.local_dp_sgd import (
     per_sample_losses,
 )
 from raydpfl.algorithms.tensor_state import pack_client_tensors, pack_tensors, unpack_tensor_state
-from raydpfl.privacy.dpsgd import WeightRule
-from raydpfl.privacy.kernel import SubsampledGaussian, uses
+from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian, uses
+from raydpfl.privacy.per_sample.dpsgd import WeightRule
 
 LocalMode = Literal["epoch", "steps"]
 Normalizer = Literal["expected", "fixed"]

@@ -24,9 +24,9 @@ from raydpfl.config import as_config_error
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.experiment.privacy_settings import check_delta, record_plan
 from raydpfl.papers.fedfdp.accounting import fedfdp_history, max_rounds, max_rounds_paper
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.calibration import largest_feasible_steps
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.accountants import compute_epsilon
+from raydpfl.privacy.accounting.calibration import largest_feasible_steps
+from raydpfl.privacy.accounting.plan import PrivacyPlan
 
 #: Private algorithms that also release a loss each round (a second mechanism).
 LOSS_RELEASING = ("fedfdp", "dp_qffl")

@@ -22,8 +22,8 @@ from typing import Literal
 import torch
 
 from raydpfl.algorithms.local_dp_sgd import clip_losses, private_mean_loss
-from raydpfl.privacy._checks import _non_negative, _positive, _real
-from raydpfl.privacy.dpsgd import CLIP_EPS
+from raydpfl.privacy.accounting._checks import _non_negative, _positive, _real
+from raydpfl.privacy.per_sample.dpsgd import CLIP_EPS
 
 __all__ = [
     "LOSS_CLIP_FLOOR",
@@ -102,7 +102,7 @@ def fair_clip_weights(
     - ``zero``: c_j = 0 (s_j clamped to 0; the sample is dropped).
 
     For s_j ≥ 0 all three equal Eq. 13 (with the 1e-6 guard of
-    `raydpfl.privacy.dpsgd.clip_weights`; λ = 0 reproduces those weights exactly). Every
+    `raydpfl.privacy.per_sample.dpsgd.clip_weights`; λ = 0 reproduces those weights exactly). Every
     mode keeps ‖c_j g_j‖ ≤ C for any λ and any losses, so Σ_j c_j g_j has L2 sensitivity C
     (add/remove one record) and the step stays the subsampled Gaussian mechanism.
 

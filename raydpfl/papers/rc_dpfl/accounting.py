@@ -17,14 +17,14 @@ import numpy as np
 
 from raydpfl.papers.rc_dpfl._checks import _check_int, _check_positive
 from raydpfl.papers.rc_dpfl.assignment import selection_rdp
-from raydpfl.privacy.accountants import (
+from raydpfl.privacy.accounting.accountants import (
     HistoryEntry,
     compute_epsilon,
     normalize_history,
     validate_accountant,
     validate_delta,
 )
-from raydpfl.privacy.calibration import bisect_safe_end
+from raydpfl.privacy.accounting.calibration import bisect_safe_end
 
 __all__ = [
     "PAPER_RDP_ORDERS",
@@ -77,7 +77,7 @@ def two_stage_history(
 
     Returns:
         A tuple of `(noise_multiplier, sampling_rate, steps)` entries for
-        `raydpfl.privacy.accountants.compute_epsilon`.
+        `raydpfl.privacy.accounting.accountants.compute_epsilon`.
 
     Raises:
         ValueError: On out-of-range arguments.

@@ -74,7 +74,7 @@ from raydpfl.papers.rc_dpfl.clustering import (
     update_features,
 )
 from raydpfl.papers.rc_dpfl.metrics import exact_partition_rate, hungarian_clustering_accuracy
-from raydpfl.privacy.kernel import ExponentialSelection, SubsampledGaussian, uses
+from raydpfl.privacy.mechanisms.kernel import ExponentialSelection, SubsampledGaussian, uses
 
 #: `ClientTask.kind` of the follow-up that picks a client's next cluster.
 ASSIGN = "assign"

@@ -36,7 +36,7 @@ from raydpfl.papers.rc_dpfl.baselines import (
     OracleCDPFL,
 )
 from raydpfl.papers.rc_dpfl.privacy_plan import plan_privacy
-from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, derive_seed
 
 _CLUSTERED = ("rc_dpfl", "km_cdpfl", "f_cdpfl", "o_cdpfl", "rc_local", "mr_mtl")

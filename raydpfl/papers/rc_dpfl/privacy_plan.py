@@ -19,9 +19,9 @@ from raydpfl.papers.rc_dpfl.accounting import (
     two_stage_epsilon,
     two_stage_noise_multiplier,
 )
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.calibration import noise_multiplier_for
-from raydpfl.privacy.plan import PrivacyPlan
+from raydpfl.privacy.accounting.accountants import compute_epsilon
+from raydpfl.privacy.accounting.calibration import noise_multiplier_for
+from raydpfl.privacy.accounting.plan import PrivacyPlan
 
 
 def plan_privacy(config: Config, sizes: np.ndarray) -> PrivacyPlan:

@@ -1,4 +1,8 @@
-"""Per-sample rules for the book-keeping engine beyond Linear, Conv2d and GroupNorm.
+"""Per-sample clipping: the DP-SGD step (`dpsgd`), its engines (`engines` chooses between
+`dpsgd.PerSampleGradients` and `bookkeeping.BookkeepingClipping`; `param_binding` binds
+the parameters per step; `multi_client` vectorises over clients), and, in this package's
+namespace, the per-sample rules for the book-keeping engine beyond Linear, Conv2d and
+GroupNorm.
 
 A rule turns one layer call's record — the layer's input ``a`` and the gradient of the
 summed loss at its output ``g`` (each row a sample's own, since no layer mixes samples)
@@ -9,8 +13,8 @@ summed loss at its output ``g`` (each row a sample's own, since no layer mixes s
 
 without forming the per-sample gradients where a cheaper identity exists (the ghost norm
 of Goodfellow 2015 / Li et al. 2022, chosen per layer by cost, as the engine does for
-Linear). `raydpfl.privacy.bookkeeping` dispatches to `rule_for(module)` and keeps its own
-Linear/Conv2d/GroupNorm rules; `repeated` merges the records of a Linear layer called
+Linear). `raydpfl.privacy.per_sample.bookkeeping` dispatches to `rule_for(module)` and keeps
+its own Linear/Conv2d/GroupNorm rules; `repeated` merges the records of a Linear layer called
 several times in one pass (a recurrent cell) into one record of stacked positions.
 
 Rules: `embedding.EmbeddingRule` (nn.Embedding: ghost norm or materialised, by cost),

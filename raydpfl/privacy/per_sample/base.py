@@ -11,7 +11,7 @@ from torch import nn
 class LayerRule(Protocol):
     """Per-sample norms and weighted sums of one layer type from its call's record.
 
-    A record (`raydpfl.privacy.bookkeeping._Record`) has ``module``, ``inputs`` (the
+    A record (`raydpfl.privacy.per_sample.bookkeeping._Record`) has ``module``, ``inputs`` (the
     call's first positional input, detached; or the tuple a rule's hook recorded),
     ``grad`` (∂Σℓ/∂output, detached) and ``rule_cache`` (a dict the rule may fill in
     `norm_sq` and read back in `weighted`)."""

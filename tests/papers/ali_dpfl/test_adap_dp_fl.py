@@ -16,9 +16,9 @@ from raydpfl.papers.ali_dpfl.adap_dp_fl import (
     adaptive_clip_norm,
     loss_decreased,
 )
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.engines import make_engine
-from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
+from raydpfl.privacy.accounting.accountants import compute_epsilon
+from raydpfl.privacy.accounting.ledger import PrivacyCost, PrivacyLedger
+from raydpfl.privacy.per_sample.engines import make_engine
 
 
 def _algo(**kw) -> AdapDpFl:

@@ -10,7 +10,7 @@ from raydpfl.papers.ali_dpfl.theory import (
     round_tau,
     tau_star,
 )
-from raydpfl.privacy.accountants import compute_epsilon
+from raydpfl.privacy.accounting.accountants import compute_epsilon
 
 EPSILONS = [1.55, 1.75, 2, 2.5, 2.75, 3.25, 3.75, 5.25]
 Q, SIGMA, DELTA = 0.015, 1.1, 1e-5

@@ -16,10 +16,10 @@ from raydpfl.papers.ali_dpfl.pe_dpfl import (
     calibrate_noise_multiplier,
     classifier_names,
 )
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.engines import make_engine
-from raydpfl.privacy.kernel import GaussianRelease, uses
-from raydpfl.privacy.ledger import PrivacyCost, PrivacyLedger
+from raydpfl.privacy.accounting.accountants import compute_epsilon
+from raydpfl.privacy.accounting.ledger import PrivacyCost, PrivacyLedger
+from raydpfl.privacy.mechanisms.kernel import GaussianRelease, uses
+from raydpfl.privacy.per_sample.engines import make_engine
 
 
 def _algo(**kw) -> PeDpfl:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from raydpfl.algorithms.base import ClientContext, ClientData
-from raydpfl.privacy.engines import make_engine
+from raydpfl.privacy.per_sample.engines import make_engine
 
 
 def tiny_model() -> nn.Module:

@@ -17,9 +17,9 @@ from raydpfl.papers.fedfdp.accounting import max_rounds, max_rounds_paper
 from raydpfl.papers.fedfdp.algorithm import FairClipRule, FedFDP
 from raydpfl.papers.fedfdp.convergence import BoundConstants, DegenerateBoundWarning
 from raydpfl.papers.fedfdp.loss_upload import LossUpload, release_loss
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.dpsgd import PerSampleGradients, per_sample_norms
-from raydpfl.privacy.ledger import PrivacyCost
+from raydpfl.privacy.accounting.accountants import compute_epsilon
+from raydpfl.privacy.accounting.ledger import PrivacyCost
+from raydpfl.privacy.per_sample.dpsgd import PerSampleGradients, per_sample_norms
 from tests.conftest import small_config
 from tests.papers.fedfdp.fedfdp_helpers import ctx, params_of, tiny_data, tiny_model
 
@@ -98,7 +98,7 @@ def test_lambda_zero_is_dp_fedavg_bit_for_bit():
 
 def test_paper_rule_marks_the_run_not_dp_when_a_weight_goes_negative():
     from raydpfl.algorithms.base import direct_context
-    from raydpfl.privacy.kernel import UNBOUNDED_NOTE
+    from raydpfl.privacy.mechanisms.kernel import UNBOUNDED_NOTE
 
     model, data = tiny_model(), tiny_data(60)
     algo = _fedfdp(clip_mode="paper")
@@ -111,7 +111,7 @@ def test_paper_rule_marks_the_run_not_dp_when_a_weight_goes_negative():
     assert res.metrics["negative_weight"] == 1.0
     assert UNBOUNDED_NOTE in paper_ctx.privacy.receipt().notes  # the platform lists it
     # without the opt-out the same rule is refused at its first step
-    from raydpfl.privacy.dpsgd import SensitivityError
+    from raydpfl.privacy.per_sample.dpsgd import SensitivityError
 
     with pytest.raises(SensitivityError, match="FairClipRule"):
         algo.local_update(ctx(model), params_of(model), tiny_data(60), train)

@@ -37,8 +37,8 @@ from raydpfl.papers.fedfdp.theory import (
     next_loss_clip_bound,
     private_mean_loss,
 )
-from raydpfl.privacy.accountants import compute_epsilon
-from raydpfl.privacy.dpsgd import CLIP_EPS, clip_weights
+from raydpfl.privacy.accounting.accountants import compute_epsilon
+from raydpfl.privacy.per_sample.dpsgd import CLIP_EPS, clip_weights
 
 Q, SIGMA, SIGMA_L, DELTA = 0.05, 2.0, 5.0, 1e-5
 LAMBDAS = [-1e6, -50.0, -1.0, -1e-3, 0.0, 1e-4, 0.1, 1.0, 50.0, 1e6]

@@ -14,8 +14,8 @@ from raydpfl.papers.rc_dpfl.accounting import two_stage_epsilon
 from raydpfl.papers.rc_dpfl.algorithm import RcDpfl, assign_task, cluster_sums
 from raydpfl.papers.rc_dpfl.baselines import IfcaCDPFL, KMeansCDPFL, OracleCDPFL
 from raydpfl.papers.rc_dpfl.metrics import hungarian_clustering_accuracy
-from raydpfl.privacy.engines import make_engine
-from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
+from raydpfl.privacy.per_sample.engines import make_engine
 
 N_CLIENTS, DIM = 12, 50
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from raydpfl.papers.rc_dpfl import accounting, assignment, clustering, metrics, overlap
-from raydpfl.privacy.accountants import OPACUS_DEFAULT_ALPHAS
+from raydpfl.privacy.accounting.accountants import OPACUS_DEFAULT_ALPHAS
 
 SIZES = (3, 6, 6, 6)
 

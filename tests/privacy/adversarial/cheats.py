@@ -29,14 +29,14 @@ from raydpfl.algorithms.base import ClientContext, privacy_session
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.algorithms.fedavg import FedAvg
 from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_loop, dp_sgd_local_update
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.accounting.ledger import PrivacyCost
+from raydpfl.privacy.mechanisms.kernel import (
     UNBOUNDED_WEIGHT_RULES,
     PrivacySession,
     SampledBatch,
     SubsampledGaussian,
     uses,
 )
-from raydpfl.privacy.ledger import PrivacyCost
 
 
 # ---- 1. the mechanism states its own cost ---------------------------------------------------
@@ -245,7 +245,7 @@ class ShareOnADummy(DPFedAvgClientLevel):
 
     def upload(self, ctx, task, update):
         from raydpfl.algorithms.dp_fedavg_client import ClientLevelAlgorithm
-        from raydpfl.privacy.client_level_mechanisms import GaussianShare
+        from raydpfl.privacy.mechanisms.client_level_mechanisms import GaussianShare
 
         out, norm, clip = ClientLevelAlgorithm.upload(self, ctx, task, update)
         ctx.privacy.get(GaussianShare).add({n: torch.zeros_like(t) for n, t in out.items()})
@@ -257,7 +257,7 @@ class NoiseOnADummy(DPFedAvgClientLevel):
 
     def aggregate_sum(self, global_params, tasks, total):
         from raydpfl.algorithms.dp_fedavg_client import dp_fedavg_update
-        from raydpfl.privacy.client_level_mechanisms import round_session
+        from raydpfl.privacy.mechanisms.client_level_mechanisms import round_session
 
         live = round_session(self, self._round, self.round_mechanisms, self.seed).get()
         live.release({n: torch.zeros_like(t) for n, t in global_params.items()})

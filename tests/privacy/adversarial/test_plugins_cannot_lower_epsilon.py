@@ -21,7 +21,8 @@ import pytest
 import raydpfl
 from raydpfl.algorithms import DPFedAvg
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.accounting.ledger import PrivacyCost
+from raydpfl.privacy.mechanisms.kernel import (
     RAW_RECORDS_NOTE,
     UNBOUNDED_NOTE,
     MechanismTypeError,
@@ -29,7 +30,6 @@ from raydpfl.privacy.kernel import (
     SubsampledGaussian,
     uses,
 )
-from raydpfl.privacy.ledger import PrivacyCost
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cheats
@@ -93,9 +93,9 @@ def test_a_mechanism_subclass_is_refused_where_it_is_defined():
     with pytest.raises(MechanismTypeError, match="final types"):
 
         class Spoofed(SubsampledGaussian):  # claims a kernel module's name
-            __module__ = "raydpfl.privacy.kernel"
+            __module__ = "raydpfl.privacy.mechanisms.kernel"
 
-    from raydpfl.privacy.client_level_mechanisms import ClientGaussianSum
+    from raydpfl.privacy.mechanisms.client_level_mechanisms import ClientGaussianSum
 
     with pytest.raises(MechanismTypeError, match="final types"):
 
@@ -147,7 +147,7 @@ def test_raw_records_in_the_update_are_listed():
 
 def test_the_public_api_has_no_unbound_noise_and_no_pool():
     from raydpfl.algorithms.base import ClientData
-    from raydpfl.privacy.kernel import LiveSubsampledGaussian
+    from raydpfl.privacy.mechanisms.kernel import LiveSubsampledGaussian
 
     assert not hasattr(LiveSubsampledGaussian, "noisy_sum")
     assert not hasattr(LiveSubsampledGaussian, "count_vectorised_steps")
@@ -254,8 +254,8 @@ class OwnGroupSessions(DPFedAvg):
     """On the vectorised path: trains the group from sessions of its own at σ = 0.01."""
 
     def local_update_group_sum(self, ctxs, params, datas, tasks):
-        from raydpfl.privacy import multi_client
-        from raydpfl.privacy.kernel import PrivacySession
+        from raydpfl.privacy.mechanisms.kernel import PrivacySession
+        from raydpfl.privacy.per_sample import multi_client
 
         weak = SubsampledGaussian(0.01, self.clip_norm, self.sampling_rate)
         own = [

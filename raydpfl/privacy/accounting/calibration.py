@@ -3,7 +3,7 @@
 All functions account for ``T`` steps of the DP-SGD step mechanism
 ``D -> sum_{x in S} clip_C(g(x)) + N(0, sigma^2 C^2 I)`` with ``S`` a Poisson(q)
 subsample (L2 sensitivity ``C``, add/remove-one-record adjacency), using
-:func:`raydpfl.privacy.accountants.compute_epsilon`.
+:func:`raydpfl.privacy.accounting.accountants.compute_epsilon`.
 
 Epsilon is non-increasing in ``sigma`` and non-decreasing in ``T``; both
 searches below keep a bracket whose "safe" end always satisfies the target and
@@ -18,7 +18,7 @@ import numbers
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 
-from raydpfl.privacy.accountants import (
+from raydpfl.privacy.accounting.accountants import (
     compute_epsilon,
     normalize_history,
     validate_accountant,
@@ -68,7 +68,7 @@ def epsilon_for(
         sampling_rate: Poisson sampling probability ``q in [0, 1]``.
         steps: Number of composed steps ``T >= 0``.
         delta: Target delta in (0, 1).
-        accountant: One of :data:`raydpfl.privacy.accountants.ACCOUNTANTS`.
+        accountant: One of :data:`raydpfl.privacy.accounting.accountants.ACCOUNTANTS`.
 
     Returns:
         ``compute_epsilon([(sigma, q, T)], delta, accountant)``.
@@ -106,7 +106,7 @@ def noise_multiplier_for(
         delta: Target delta in (0, 1).
         sampling_rate: Poisson sampling probability ``q in [0, 1]``.
         steps: Number of steps ``T >= 0``.
-        accountant: One of :data:`raydpfl.privacy.accountants.ACCOUNTANTS`.
+        accountant: One of :data:`raydpfl.privacy.accounting.accountants.ACCOUNTANTS`.
         sigma_max: Largest sigma considered (finite, > 0).
         precision: Absolute width of the final bracket (finite, > 0).
 
@@ -193,7 +193,7 @@ def max_steps_for(
 
     Returns the largest integer ``T >= 0`` with
     ``eps(history + [(sigma, q, T)]) <= target_epsilon`` where ``eps`` is
-    :func:`~raydpfl.privacy.accountants.compute_epsilon`; so
+    :func:`~raydpfl.privacy.accounting.accountants.compute_epsilon`; so
     ``eps(T) <= target < eps(T + 1)`` unless the cap is hit. The search doubles
     ``T`` from 1 and then bisects over integers, keeping a feasible lower end.
     It is capped at :data:`MAX_STEPS_CAP` (10**7): if the cap itself is
@@ -206,7 +206,7 @@ def max_steps_for(
         delta: Target delta in (0, 1).
         noise_multiplier: ``sigma >= 0`` of the future steps.
         sampling_rate: ``q in [0, 1]`` of the future steps.
-        accountant: One of :data:`raydpfl.privacy.accountants.ACCOUNTANTS`.
+        accountant: One of :data:`raydpfl.privacy.accounting.accountants.ACCOUNTANTS`.
         history: Already spent ``(sigma, q, steps)`` triples.
 
     Returns:

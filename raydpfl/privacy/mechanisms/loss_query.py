@@ -1,7 +1,7 @@
 """The noisy loss query's release: Σ clip(ℓ_j) + N(0, σ_l²C_l²) over a Poisson batch,
 divided by a data-independent denominator (FedFDP Eq. 14–15; Adap DP-FL's noisy loss).
 
-Drawn through `raydpfl.privacy.kernel.LiveSubsampledGaussian.mean_loss`, which supplies
+Drawn through `raydpfl.privacy.mechanisms.kernel.LiveSubsampledGaussian.mean_loss`, which supplies
 σ_l and C_l from the task's declared mechanism.
 """
 
@@ -11,8 +11,8 @@ from typing import Literal
 
 import torch
 
-from raydpfl.privacy._checks import _non_negative, _positive
-from raydpfl.privacy.dpsgd import add_gaussian_noise, standard_normal_like
+from raydpfl.privacy.accounting._checks import _non_negative, _positive
+from raydpfl.privacy.per_sample.dpsgd import add_gaussian_noise, standard_normal_like
 
 #: Arithmetic of the noisy loss query: ``float64`` sums the clipped losses and adds the
 #: noise in double precision (FedFDP); ``native`` keeps the losses' dtype (Adap DP-FL).
@@ -53,7 +53,7 @@ def private_mean_loss(
 
     FedFDP's paper divides by the realised |B_i|; that count is data-dependent and is not
     covered by the SGM analysis. Pass the expected batch q_l·|D_i| (FedFDP §11 A4 [REC],
-    as `raydpfl.privacy.dpsgd` does for gradients) or a fixed constant; an empty batch
+    as `raydpfl.privacy.per_sample.dpsgd` does for gradients) or a fixed constant; an empty batch
     then still releases pure noise, as it must.
 
     Args:

@@ -7,11 +7,11 @@ sampler makes the same-distribution draws several times faster (measured in
 benchmarks/README.md, "Gaussian noise"), with its own documented stream.
 
 ``privacy.noise_sampler: ziggurat`` selects it. A client's stream is then a
-`ZigguratGenerator`, a `raydpfl.privacy.counter_noise.CounterNoiseGenerator`: still a
+`ZigguratGenerator`, a `raydpfl.privacy.noise.counter_noise.CounterNoiseGenerator`: still a
 `torch.Generator` seeded exactly as before (so Poisson sampling and every other draw an
-algorithm makes from it are unchanged), which `raydpfl.privacy.dpsgd`'s Gaussian
+algorithm makes from it are unchanged), which `raydpfl.privacy.per_sample.dpsgd`'s Gaussian
 functions recognise. The default (``torch``) is untouched, so existing runs keep their
-bits. ``boxmuller`` (`raydpfl.privacy.boxmuller`) is faster still on SIMD CPUs.
+bits. ``boxmuller`` (`raydpfl.privacy.noise.boxmuller`) is faster still on SIMD CPUs.
 
 Stream format, per call (one noise tensor of n values):
 
@@ -50,7 +50,7 @@ import math
 
 import numpy as np
 
-from raydpfl.privacy.counter_noise import CounterNoiseGenerator, kernel_fill
+from raydpfl.privacy.noise.counter_noise import CounterNoiseGenerator, kernel_fill
 
 #: The rightmost layer edge and the common layer area of the 256-layer ziggurat
 #: (Marsaglia & Tsang 2000, Table 1, for f(x) = exp(-x²/2)).
@@ -74,14 +74,15 @@ EDGES, RATIOS, DENSITY = _tables()
 
 
 def _fill(out: np.ndarray, seed: int, std: float) -> None:
-    fill = kernel_fill("raydpfl.privacy._ziggurat_kernel", "ziggurat")
+    fill = kernel_fill("raydpfl.privacy.noise._ziggurat_kernel", "ziggurat")
     fill(out, np.uint64(seed), float(std), EDGES, RATIOS, DENSITY)
 
 
 class ZigguratGenerator(CounterNoiseGenerator):
     """A client's stream when ``privacy.noise_sampler`` is ``ziggurat``: a CPU
     `torch.Generator` (seeded by the caller as any client stream) whose Gaussian noise
-    `raydpfl.privacy.dpsgd` draws with `counter_noise.fill_normal_` (module docstring)."""
+    `raydpfl.privacy.per_sample.dpsgd` draws with `counter_noise.fill_normal_` (module
+    docstring)."""
 
     sampler = "ziggurat"
     fill = staticmethod(_fill)

@@ -6,7 +6,7 @@ Poisson-subsampled Gaussian mechanism ``D -> sum_{x in S} clip_C(g(x)) +
 N(0, sigma^2 C^2 I)`` (``S`` a Poisson(q) subsample of the unit's data, L2
 sensitivity ``C``, add/remove-one-record adjacency). The unit's epsilon is that
 of the adaptive composition of all its charges at the ledger's ``delta``, as
-computed by :func:`raydpfl.privacy.accountants.compute_epsilon`.
+computed by :func:`raydpfl.privacy.accounting.accountants.compute_epsilon`.
 
 Epsilon queries are cheap when many units share a history: the accountants
 memoise on the (merged) history, and the ledger caches each unit's current
@@ -19,8 +19,8 @@ clients); their epsilon is computed at their own ``delta_n`` and checked against
 (noise scale / L1 sensitivity in ``noise_multiplier``; pure ``1/noise_multiplier``-DP per
 step) or an ``"approx_dp"`` release declared ``(epsilon, delta)``-DP per step (e.g. a Gaussian
 calibrated by a closed form), composed by basic composition; see
-:func:`raydpfl.privacy.accountants.compute_epsilon_extended`. Ledgers without these features
-serialise and hash exactly as before.
+:func:`raydpfl.privacy.accounting.accountants.compute_epsilon_extended`. Ledgers without
+these features serialise and hash exactly as before.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from raydpfl.privacy.accountants import (
+from raydpfl.privacy.accounting.accountants import (
     ExtendedEntry,
     compute_epsilon_extended,
     describe_accountant,
@@ -146,7 +146,8 @@ class PrivacyCost:
         return dp_accounting.SelfComposedDpEvent(one, self.steps)
 
     def history_entry(self) -> ExtendedEntry:
-        """The accountants' entry (see :data:`raydpfl.privacy.accountants.ExtendedEntry`)."""
+        """The accountants' entry (see
+        :data:`raydpfl.privacy.accounting.accountants.ExtendedEntry`)."""
         if self.mechanism == "laplace":
             return ("laplace", self.noise_multiplier, self.steps)
         if self.mechanism == "approx_dp":
@@ -246,7 +247,7 @@ class PrivacyLedger(LedgerSettings):
     listed in ``client_budgets``, with its epsilon computed at its own ``delta_n``).
 
     Args:
-        accountant: One of :data:`raydpfl.privacy.accountants.LEDGER_ACCOUNTANTS`.
+        accountant: One of :data:`raydpfl.privacy.accounting.accountants.LEDGER_ACCOUNTANTS`.
         delta: Per-client target delta in (0, 1) (clients not in ``client_budgets``).
         epsilon_budget: Per-client epsilon budget (finite, > 0), or ``None``
             to record without enforcing (clients not in ``client_budgets``).

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from raydpfl.privacy.client_level import ClientLevelLedger
+from raydpfl.privacy.accounting.client_level import ClientLevelLedger
 
 __all__ = ["EpsilonStats"]
 

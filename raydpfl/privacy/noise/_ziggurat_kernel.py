@@ -1,4 +1,4 @@
-"""The compiled loops of `raydpfl.privacy.ziggurat` (its docstring has the stream format).
+"""The compiled loops of `raydpfl.privacy.noise.ziggurat` (its docstring has the stream format).
 Separate so that numba is imported, and the loops compiled or loaded from their on-disk
 cache, only when the ziggurat sampler is used."""
 
@@ -9,7 +9,7 @@ import math
 import numba
 import numpy as np
 
-from raydpfl.privacy._splitmix import GOLDEN, INV53, mix, u64, word
+from raydpfl.privacy.noise._splitmix import GOLDEN, INV53, mix, u64, word
 
 FIXUP_SALT = 0xD1B54A32D192ED03  # separates the fix-up stream's key from the main key
 TAIL_R = 3.6541528853610088  # ziggurat.R
@@ -17,7 +17,7 @@ TAIL_R = 3.6541528853610088  # ziggurat.R
 
 @numba.njit(cache=True, nogil=True)
 def fill(out, seed, std, edges, ratios, density):
-    """Fills the 1-d array `out` with N(0, std²) (see `raydpfl.privacy.ziggurat`)."""
+    """Fills the 1-d array `out` with N(0, std²) (see `raydpfl.privacy.noise.ziggurat`)."""
     key = mix(u64(seed) + u64(GOLDEN))
     fix_key = mix(u64(seed) ^ u64(FIXUP_SALT))
     n = out.shape[0]

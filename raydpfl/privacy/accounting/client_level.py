@@ -8,7 +8,7 @@ One round is therefore one subsampled Gaussian mechanism over the population:
 
 * ``poisson``: each client joins independently with rate q. Add/remove-one-client
   adjacency; the clipped sum has L2 sensitivity S, so a round is the Poisson-subsampled
-  Gaussian M_{q, σ} (the record-level accountants of `raydpfl.privacy.accountants` with
+  Gaussian M_{q, σ} (the record-level accountants of `raydpfl.privacy.accounting.accountants` with
   clients in place of records).
 * ``fixed``: a uniform cohort of K clients without replacement. Replace-one-client
   adjacency (N is public): replacing one client's records changes its clipped update
@@ -31,10 +31,10 @@ One round is therefore one subsampled Gaussian mechanism over the population:
 `ClientLevelLedger` is the one population-level ledger of a client-level run: its single
 privacy unit, `POPULATION`, is charged one `ClientLevelCost` per round before the round
 is dispatched, and the ε it holds is every client's ε. The charge is the event of the
-round's declared mechanisms (`raydpfl.privacy.client_level_mechanisms`: each mechanism's
+round's declared mechanisms (`raydpfl.privacy.mechanisms.client_level_mechanisms`: each mechanism's
 `cost(n)` is a `ClientLevelCost`, and its live form draws the noise the charge assumes).
 It reads and writes the same to_dict/charge-log formats as
-`raydpfl.privacy.ledger.PrivacyLedger`, so the server's charge log, checkpoints and
+`raydpfl.privacy.accounting.ledger.PrivacyLedger`, so the server's charge log, checkpoints and
 resume treat it like a per-client ledger with one entry.
 A client-level ledger refuses record-level charges: a run never mixes units.
 
@@ -53,14 +53,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from raydpfl.privacy.accountants import (
+from raydpfl.privacy.accounting.accountants import (
     compute_epsilon,
     describe_accountant,
     validate_delta,
     validate_ledger_accountant,
 )
-from raydpfl.privacy.calibration import largest_feasible_steps, smallest_sigma
-from raydpfl.privacy.ledger import LedgerSettings, json_sha256
+from raydpfl.privacy.accounting.calibration import largest_feasible_steps, smallest_sigma
+from raydpfl.privacy.accounting.ledger import LedgerSettings, json_sha256
 
 __all__ = [
     "POPULATION",
@@ -408,7 +408,7 @@ def client_level_noise_multiplier(
     """Smallest σ (to `precision`, conservative end) with ε(`rounds` rounds) <= target.
 
     `round_cost`'s own σ is ignored. Same bracket-and-bisect as
-    `raydpfl.privacy.calibration.noise_multiplier_for`; the returned σ is re-verified.
+    `raydpfl.privacy.accounting.calibration.noise_multiplier_for`; the returned σ is re-verified.
     """
     if not _is_real(target_epsilon) or not 0 < float(target_epsilon) < math.inf:
         raise ValueError(f"target_epsilon must be a finite real > 0, got {target_epsilon!r}")
@@ -460,7 +460,7 @@ class ClientLevelLedger(LedgerSettings):
     `epsilon_budget` is refused (``would_exceed``), and the server then stops the run.
     The ε it holds is the guarantee of *every* client (client-level DP over the
     population), so `epsilons(ids)` gives it for each id. Record-level charges
-    (`raydpfl.privacy.ledger.PrivacyCost`) are refused: units never mix in one run.
+    (`raydpfl.privacy.accounting.ledger.PrivacyCost`) are refused: units never mix in one run.
 
     Args:
         accountant: ``rdp``, ``prv``, ``dp_rdp`` or ``pld`` (fixed-size sampling: ``rdp``

@@ -1,4 +1,4 @@
-"""The compiled loops of `raydpfl.privacy.boxmuller` (its docstring has the stream format):
+"""The compiled loops of `raydpfl.privacy.noise.boxmuller` (its docstring has the stream format):
 `fill` for float64 tensors, `fill32` for float32 ones, and `add`/`add32`, which add the
 same values into a tensor instead of writing them (out[j] + z_j, one rounding: the bits
 of ``out + fill(...)``). `add_low_rank`/`add_low_rank32` first add a rank-B product
@@ -21,7 +21,7 @@ import math
 import numba
 import numpy as np
 
-from raydpfl.privacy._splitmix import GOLDEN, INV53, mix, u64, word
+from raydpfl.privacy.noise._splitmix import GOLDEN, INV53, mix, u64, word
 
 f32 = np.float32
 
@@ -124,7 +124,7 @@ def _loop(out, seed, std, accumulate, pair_of):
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def fill(out, seed, std):
-    """Fills the 1-d array `out` with N(0, std²) (see `raydpfl.privacy.boxmuller`)."""
+    """Fills the 1-d array `out` with N(0, std²) (see `raydpfl.privacy.noise.boxmuller`)."""
     _loop(out, seed, std, False, pair)
 
 
@@ -207,14 +207,15 @@ def pair32(key, j, std):
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def fill32(out, seed, std):
-    """Fills the 1-d float32 array `out` with N(0, std²) (`raydpfl.privacy.boxmuller`)."""
+    """Fills the 1-d float32 array `out` with N(0, std²) (`raydpfl.privacy.noise.boxmuller`)."""
     _loop(out, seed, f32(std), False, pair32)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def add32(out, seed, std):
     """Adds `fill32`'s values to the 1-d float32 array `out` in place: the noisy update
-    p ← p + (−lr/B)·σC·z without a noise tensor (`raydpfl.privacy.dpsgd.dp_sgd_step_`)."""
+    p ← p + (−lr/B)·σC·z without a noise tensor
+    (`raydpfl.privacy.per_sample.dpsgd.dp_sgd_step_`)."""
     _loop(out, seed, f32(std), True, pair32)
 
 
@@ -278,5 +279,5 @@ def add_low_rank(out, seed, std, g, a):
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def add_low_rank32(out, seed, std, g, a):
     """`add_low_rank` for float32 (`add32`'s values): a small batch's Linear weight
-    update and its noise in one pass over the weight (`raydpfl.privacy.dpsgd`)."""
+    update and its noise in one pass over the weight (`raydpfl.privacy.per_sample.dpsgd`)."""
     _loop_low_rank(out, seed, f32(std), g, a, pair32)

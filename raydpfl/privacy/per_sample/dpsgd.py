@@ -10,7 +10,7 @@ One DP-SGD step on a client's records D (Abadi et al. 2016; design.md §4) is
 
 Under add/remove-one-record adjacency the sum Σ a_i g_i has L2 sensitivity C, so the
 step is the Poisson-subsampled Gaussian mechanism with noise multiplier σ and rate q,
-which is what `raydpfl.privacy.ledger` accounts for.
+which is what `raydpfl.privacy.accounting.ledger` accounts for.
 
 We divide by the expected batch size q·|D| rather than the realised |B|: the realised
 size is data-dependent and would need its own privacy analysis (and is 0 for an empty
@@ -20,7 +20,7 @@ noise, still counts, and is still charged — never resampled (opacus #161).
 The step is three stages — per-sample norms → per-sample weights → weighted gradient
 sum — then noise. Clipping is one weight rule (`clip_weights`); other rules (e.g.
 FedFDP's fair clipping) plug in at the weight stage without another training loop.
-Two engines implement the stages (chosen by `raydpfl.privacy.engines.make_engine`):
+Two engines implement the stages (chosen by `raydpfl.privacy.per_sample.engines.make_engine`):
 `PerSampleGradients` materialises per-sample gradients with torch.func;
 `bookkeeping.BookkeepingClipping` gets the norms from layer inputs and output gradients
 and never forms most per-sample gradients. Both give the same sum up to float error.
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from raydpfl.privacy import counter_noise, secure_noise
+from raydpfl.privacy.noise import counter_noise, secure_noise
 
 Params = dict[str, torch.Tensor]
 
@@ -148,7 +148,7 @@ def gaussian_like(t: torch.Tensor, std: float, generator: torch.Generator) -> to
 def fill_gaussian_(out: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
     """Fills `out` with N(0, std²) draws in place and returns it: ``normal_`` from
     `generator`, or, for a `secure_noise.SecureGenerator`, `os.urandom` Gaussians (each
-    the sum of 4 draws, scaled in float64; `raydpfl.privacy.secure_noise`), or, for a
+    the sum of 4 draws, scaled in float64; `raydpfl.privacy.noise.secure_noise`), or, for a
     `counter_noise.CounterNoiseGenerator`, its sampler's (``privacy.noise_sampler``)."""
     if secure_noise.is_secure(generator):
         return out.copy_(secure_noise.gaussian(out.shape, std, out.dtype, out.device))

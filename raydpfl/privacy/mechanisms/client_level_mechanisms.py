@@ -1,11 +1,11 @@
 """Client-level mechanisms: the kernel's mechanisms for releases about a whole client.
 
-`raydpfl.privacy.kernel` holds the record-level mechanisms a worker draws through; this
+`raydpfl.privacy.mechanisms.kernel` holds the record-level mechanisms a worker draws through; this
 module holds the population-level ones a client-level algorithm's *server half* draws
 through (and one worker-side share). Each is a frozen value with the two faces of every
 kernel mechanism, reading the same fields:
 
-- `cost(n)` — the `raydpfl.privacy.client_level.ClientLevelCost` the run's population
+- `cost(n)` — the `raydpfl.privacy.accounting.client_level.ClientLevelCost` the run's population
   ledger is charged before the round (the DpEvent; None when an earlier release of the
   same event already paid for it: a tree's later rounds);
 - `live(streams)` — the server-side object that draws the noise from the round's streams
@@ -34,7 +34,7 @@ Mechanisms (unit: one client, all its records; S the bound on each clipped updat
   of the K clients adds its `GaussianShare` N(0, σ²S²/K) on its worker, through its task's
   `PrivacySession`; the server releases the plain sum once, charged as the fixed-size
   ``ClientLevelCost(σ, "fixed", N, K, n)``. The share is population-level: it is never
-  charged to a client's ledger (`raydpfl.privacy.kernel.costs_of` leaves it out).
+  charged to a client's ledger (`raydpfl.privacy.mechanisms.kernel.costs_of` leaves it out).
 - `TreeAggregationRelease(σ, S, N, K, T, epoch, t)` — DP-FTRL's release of round t of an
   epoch's tree (Kairouz et al. 2021): the node completing at t carries N(0, σ²S²)
   (`tree_node_for`). The tree's event ``SingleEpochTreeAggregationDpEvent(σ, T)`` is
@@ -60,10 +60,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from raydpfl.privacy import secure_noise
-from raydpfl.privacy.client_level import ClientLevelCost
-from raydpfl.privacy.dpsgd import gaussian_like
-from raydpfl.privacy.kernel import (
+from raydpfl.privacy.accounting.client_level import ClientLevelCost
+from raydpfl.privacy.mechanisms.kernel import (
     LiveMechanism,
     Mechanism,
     MechanismUse,
@@ -75,6 +73,8 @@ from raydpfl.privacy.kernel import (
     _set_reals,
     kernel_cost,
 )
+from raydpfl.privacy.noise import secure_noise
+from raydpfl.privacy.per_sample.dpsgd import gaussian_like
 
 Params = dict[str, torch.Tensor]
 
@@ -602,7 +602,7 @@ class PopulationSession(PrivacySession):
             ):
                 raise PrivacyContractError(
                     "a client-level round declares population-level mechanisms "
-                    "(raydpfl.privacy.client_level_mechanisms), got "
+                    "(raydpfl.privacy.mechanisms.client_level_mechanisms), got "
                     f"{getattr(use, 'mechanism', use)!r}"
                 )
         self.streams = streams

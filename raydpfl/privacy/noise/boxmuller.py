@@ -3,12 +3,12 @@
 
 Why: a DP-SGD step on a mid-size model draws one N(0, σ²C²) value per parameter, and
 torch's CPU generator is a scalar Mersenne Twister (582,026 draws for FedAvgCNN take
-about 2 ms, a third of a W2 step). The ziggurat (`raydpfl.privacy.ziggurat`) gains
+about 2 ms, a third of a W2 step). The ziggurat (`raydpfl.privacy.noise.ziggurat`) gains
 1.3×: its table lookups and rejections keep it scalar. Box–Muller needs neither: every
 value is the same branch-free arithmetic on two counter-based words, which the compiler
 turns into SIMD code (benchmarks/README.md, "Gaussian noise", has the figures).
 
-A client's stream is a `BoxMullerGenerator` (a `raydpfl.privacy.counter_noise`
+A client's stream is a `BoxMullerGenerator` (a `raydpfl.privacy.noise.counter_noise`
 stream: seeded as the default one, so Poisson sampling and every other draw are
 unchanged). Stream format, per call (one noise tensor of n values):
 
@@ -54,7 +54,7 @@ import math
 
 import numpy as np
 
-from raydpfl.privacy.counter_noise import CounterNoiseGenerator, kernel_fill
+from raydpfl.privacy.noise.counter_noise import CounterNoiseGenerator, kernel_fill
 
 #: The largest |z| the 53-bit u can produce: √(−2 ln(2⁻⁵⁴)).
 MAX_ABS = math.sqrt(2.0 * 54 * math.log(2.0))
@@ -65,7 +65,7 @@ def _kernel(kind: str, out: np.ndarray, seed: int, std: float, *factors: np.ndar
     g, a) for `out`'s dtype: the float32 path (`fill32`, ...) or the float64 one (step 5
     of the format)."""
     name = kind + "32" if out.dtype == np.float32 else kind
-    kernel_fill("raydpfl.privacy._boxmuller_kernel", "boxmuller", name)(
+    kernel_fill("raydpfl.privacy.noise._boxmuller_kernel", "boxmuller", name)(
         out, np.uint64(seed), float(std), *factors
     )
 
@@ -86,7 +86,8 @@ def _add_low_rank(out: np.ndarray, seed: int, std: float, g: np.ndarray, a: np.n
 class BoxMullerGenerator(CounterNoiseGenerator):
     """A client's stream when ``privacy.noise_sampler`` is ``boxmuller``: a CPU
     `torch.Generator` (seeded by the caller as any client stream) whose Gaussian noise
-    `raydpfl.privacy.dpsgd` draws with `counter_noise.fill_normal_` (module docstring)."""
+    `raydpfl.privacy.per_sample.dpsgd` draws with `counter_noise.fill_normal_` (module
+    docstring)."""
 
     sampler = "boxmuller"
     fill = staticmethod(_fill)

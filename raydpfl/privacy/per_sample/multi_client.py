@@ -35,7 +35,7 @@ Two engines compute the clipped per-client sums (`MultiClientDPSGD(engine=...)`)
   holds the broadcast parameters, so the gradients of all clients' samples come from
   one vmap over the concatenated real samples (no padding, parameters not copied);
   later steps use the padded layout and vmap over clients of vmap over samples.
-- ``bookkeeping``: the book-keeping method of `raydpfl.privacy.bookkeeping` run for all
+- ``bookkeeping``: the book-keeping method of `raydpfl.privacy.per_sample.bookkeeping` run for all
   clients at once in the padded layout (`_GroupedBookkeeping`): grouped Linear / Conv2d
   / GroupNorm ops over the stacked parameters, norms from layer inputs and output
   gradients, no per-sample gradients formed for the large layers.
@@ -64,8 +64,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import grad, vmap
 
-from raydpfl.privacy.bookkeeping import SharedLayerError
-from raydpfl.privacy.dpsgd import Params, clip_weights, fill_gaussian_, record_loss, uniform_draws
+from raydpfl.privacy.per_sample.bookkeeping import SharedLayerError
+from raydpfl.privacy.per_sample.dpsgd import (
+    Params,
+    clip_weights,
+    fill_gaussian_,
+    record_loss,
+    uniform_draws,
+)
 
 #: Default bound on the bytes of per-sample gradients formed at once (and on the
 #: stacked per-client state of one chunk).
@@ -184,7 +190,7 @@ class MultiClientDPSGD:
         self._shared = vmap(per_sample, in_dims=(None, 0, 0))
         # Stacked parameters: vmap over clients of vmap over that client's padded batch.
         self._stacked = vmap(vmap(per_sample, in_dims=(None, 0, 0)), in_dims=(0, 0, 0))
-        from raydpfl.privacy import bookkeeping  # imports dpsgd, like this module
+        from raydpfl.privacy.per_sample import bookkeeping  # imports dpsgd, like this module
 
         small = sum(p.numel() for p in model.parameters()) <= CPU_MAX_PARAMS
         use_bk = engine == "bookkeeping" or (
@@ -490,7 +496,7 @@ class _GroupedBookkeeping:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        from raydpfl.privacy import bookkeeping
+        from raydpfl.privacy.per_sample import bookkeeping
 
         if not bookkeeping.supports(model):
             raise ValueError(f"{type(model).__name__} has a layer without a book-keeping rule")
@@ -679,14 +685,18 @@ def run_sessions(
 ) -> MultiClientResult:
     """τ DP-SGD steps for every client of a vectorised group, run by the platform: each
     client's records, stream and declared `SubsampledGaussian` come from its worker-bound
-    `raydpfl.privacy.kernel.PrivacySession`, and each session counts its τ invocations.
+    `raydpfl.privacy.mechanisms.kernel.PrivacySession`, and each session counts its τ invocations.
     The algorithm chooses only τ and η (`DPFedAvg.local_update_group_sum`).
 
     Raises:
         PrivacyContractError: A session is not bound to a client's records, the clients do
             not share one mechanism and one resident pool, or an invocation is open.
     """
-    from raydpfl.privacy.kernel import STEP_STATS_NOTE, PrivacyContractError, PrivacySession
+    from raydpfl.privacy.mechanisms.kernel import (
+        STEP_STATS_NOTE,
+        PrivacyContractError,
+        PrivacySession,
+    )
 
     lives = []
     for session in sessions:

@@ -2,13 +2,13 @@
 
 Every randomised release about a client's records goes through a *mechanism* object of
 this module (record level, drawn on the workers) or of
-`raydpfl.privacy.client_level_mechanisms` (client level, drawn by the server half through
-the round's `PopulationSession`). A mechanism is a small frozen value (its σ, its bound,
-its sampling rate) with two faces that cannot drift apart, because both read the same
-fields:
+`raydpfl.privacy.mechanisms.client_level_mechanisms` (client level, drawn by the server
+half through the round's `PopulationSession`). A mechanism is a small frozen value (its σ,
+its bound, its sampling rate) with two faces that cannot drift apart, because both read the
+same fields:
 
 - `Mechanism.cost` — the ledger's event for ``n`` invocations (a `PrivacyCost`, the
-  vocabulary of `raydpfl.privacy.ledger`, like dp-accounting's DpEvents);
+  vocabulary of `raydpfl.privacy.accounting.ledger`, like dp-accounting's DpEvents);
 - the *live* mechanism a worker hands the client half (`PrivacySession.get`), which draws
   the noise at exactly those parameters and counts each invocation.
 
@@ -49,9 +49,12 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from raydpfl.privacy import secure_noise
-from raydpfl.privacy._checks import _non_negative, _positive
-from raydpfl.privacy.dpsgd import (
+from raydpfl.privacy.accounting._checks import _non_negative, _positive
+from raydpfl.privacy.accounting.ledger import PrivacyCost
+from raydpfl.privacy.accounting.single_release import gaussian_sigma_analytic
+from raydpfl.privacy.mechanisms.loss_query import LossPrecision, private_mean_loss
+from raydpfl.privacy.noise import secure_noise
+from raydpfl.privacy.per_sample.dpsgd import (
     StepStats,
     WeightRule,
     add_gaussian_noise,
@@ -60,9 +63,6 @@ from raydpfl.privacy.dpsgd import (
     poisson_sample,
     standard_normal_like,
 )
-from raydpfl.privacy.ledger import PrivacyCost
-from raydpfl.privacy.loss_query import LossPrecision, private_mean_loss
-from raydpfl.privacy.mechanisms import gaussian_sigma_analytic
 
 Params = dict[str, torch.Tensor]
 
@@ -98,7 +98,7 @@ class PrivacyContractError(ValueError):
 
 def _set_reals(mechanism: Mechanism, *names: str, strict: bool = False) -> None:
     """Checks each named field of a frozen mechanism and stores it as a float."""
-    check = _positive if strict else _non_negative  # `raydpfl.privacy._checks`
+    check = _positive if strict else _non_negative  # `raydpfl.privacy.accounting._checks`
     for name in names:
         object.__setattr__(mechanism, name, check(getattr(mechanism, name), name))
 
@@ -109,7 +109,10 @@ def _set_reals(mechanism: Mechanism, *names: str, strict: bool = False) -> None:
 #: The modules whose classes may subclass `Mechanism`: the kernel's own. Each seals itself
 #: when its definitions are done (`_seal`), so a class defined later, in a plug-in or in a
 #: class body that claims one of these module names, is refused.
-_KERNEL_MODULES = ("raydpfl.privacy.kernel", "raydpfl.privacy.client_level_mechanisms")
+_KERNEL_MODULES = (
+    "raydpfl.privacy.mechanisms.kernel",
+    "raydpfl.privacy.mechanisms.client_level_mechanisms",
+)
 _SEALED_MODULES: set[str] = set()
 #: The kernel's mechanism types, by exact type: the only ones a declaration may hold.
 _KERNEL_TYPES: set[type] = set()
@@ -133,7 +136,7 @@ class Mechanism:
     (`kernel_cost`), never from an attribute of the instance."""
 
     kind: ClassVar[str] = "mechanism"
-    #: True for a client-level mechanism (`raydpfl.privacy.client_level_mechanisms`):
+    #: True for a client-level mechanism (`raydpfl.privacy.mechanisms.client_level_mechanisms`):
     #: charged to the run's population ledger once per round, never to a client's ledger
     #: (`costs_of` leaves it out of a task's charge).
     population_level: ClassVar[bool] = False
@@ -660,9 +663,10 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
         )
 
     def _count_vectorised(self, steps: int) -> None:
-        """The client-vectorised engine (`raydpfl.privacy.multi_client.run_sessions`), which
-        draws each client's Poisson batches and noise from this mechanism's stream and
-        parameters, records its `steps` completed invocations (platform code only)."""
+        """The client-vectorised engine
+        (`raydpfl.privacy.per_sample.multi_client.run_sessions`), which draws each client's
+        Poisson batches and noise from this mechanism's stream and parameters, records its
+        `steps` completed invocations (platform code only)."""
         if self._open:
             raise PrivacyContractError(f"{self.mechanism.describe()}: an invocation is open")
         self.count += int(steps)
@@ -762,8 +766,8 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
         """One invocation of a noisy loss query: the platform draws a fresh Poisson(q)
         sample, computes each record's cross-entropy under `params`, clips to [0, C] and
         releases (Σ clip(ℓ_j) + N(0, σ²C²)) / (q·|D|)
-        (`raydpfl.privacy.loss_query.private_mean_loss`). With `raw_losses`, also the raw
-        per-sample losses (listed: `RAW_LOSSES_NOTE`)."""
+        (`raydpfl.privacy.mechanisms.loss_query.private_mean_loss`). With `raw_losses`, also
+        the raw per-sample losses (listed: `RAW_LOSSES_NOTE`)."""
         session = self._bound()
         batch = self.sample()
         x, y = session._records._gather(batch._positions)  # type: ignore[union-attr]

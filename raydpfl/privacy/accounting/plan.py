@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from raydpfl.privacy.kernel import SubsampledGaussian
-from raydpfl.privacy.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.ledger import PrivacyLedger
+from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian
 
 __all__ = ["PrivacyPlan"]
 
@@ -79,7 +79,7 @@ class PrivacyPlan:
 
         Raises:
             ValueError: A client-level plan (its ledger is the population's
-                `raydpfl.privacy.client_level.ClientLevelLedger`).
+                `raydpfl.privacy.accounting.client_level.ClientLevelLedger`).
         """
         if self.unit != "record":
             raise ValueError("a client-level plan's ledger is the population's ClientLevelLedger")

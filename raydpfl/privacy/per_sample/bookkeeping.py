@@ -43,7 +43,7 @@ nn.MultiheadAttention), which this engine dispatches to; a layer without paramet
 its own (frozen: LoRA's base) is not recorded. A model with any other parameterised layer is not
 supported; `first_unsupported(model)` names the layer and the caller falls back to
 `PerSampleGradients` (torch.func). (`supports(model)` asks about the three rules of this
-module alone: the grouped multi-client engine, `raydpfl.privacy.multi_client`, has no
+module alone: the grouped multi-client engine, `raydpfl.privacy.per_sample.multi_client`, has no
 others.) Nor is a parameter shared by two layers (tied weights) or a non-Linear layer
 called more than once in one forward pass: its per-sample gradient is the sum of the
 calls' gradients, whose norm is not the root of the calls' summed squared norms, so the
@@ -65,7 +65,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from raydpfl.privacy import per_sample
-from raydpfl.privacy.dpsgd import (
+from raydpfl.privacy.per_sample import repeated
+from raydpfl.privacy.per_sample.base import CallNotClippable
+from raydpfl.privacy.per_sample.dpsgd import (
     Params,
     PerSampleGradients,
     StepStats,
@@ -73,9 +75,7 @@ from raydpfl.privacy.dpsgd import (
     needs_losses,
     per_sample_norms,
 )
-from raydpfl.privacy.param_binding import ParameterBinding
-from raydpfl.privacy.per_sample import repeated
-from raydpfl.privacy.per_sample.base import CallNotClippable
+from raydpfl.privacy.per_sample.param_binding import ParameterBinding
 
 _SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
 
@@ -171,7 +171,7 @@ class _Record:
 class BookkeepingClipping:
     """Clipped per-sample gradient sums from layer inputs and output gradients.
 
-    Same interface as `raydpfl.privacy.dpsgd.PerSampleGradients.clipped_sum`; gives the
+    Same interface as `raydpfl.privacy.per_sample.dpsgd.PerSampleGradients.clipped_sum`; gives the
     same result up to float error (tested on every model of the zoo).
     """
 
@@ -232,7 +232,7 @@ class BookkeepingClipping:
     ) -> tuple[Params, StepStats]:
         """Σ_i a_i ∇ℓ_i with a_i = weight_rule(‖∇ℓ_i‖), plus step statistics.
 
-        A `raydpfl.privacy.dpsgd.LossWeightRule` gets a_i = weight_rule(‖∇ℓ_i‖, ℓ_i),
+        A `raydpfl.privacy.per_sample.dpsgd.LossWeightRule` gets a_i = weight_rule(‖∇ℓ_i‖, ℓ_i),
         the per-sample losses of the same forward pass. With `into` the sum is added to
         those tensors in place (a Linear layer's weight sum accumulates inside its GEMM)
         and they are returned; `scale` multiplies the sum before it is added (only with
@@ -244,7 +244,7 @@ class BookkeepingClipping:
         not added to; its scaled sum is left as factors instead, low_rank[name] =
         (scale·G, A) with G (B, q) the weighted output gradients and A (B, p) the inputs,
         the sum being GᵀA: the caller adds it together with the noise in one pass over
-        the weight (`raydpfl.privacy.counter_noise.add_normal_`). The vmap fallback
+        the weight (`raydpfl.privacy.noise.counter_noise.add_normal_`). The vmap fallback
         leaves it empty (everything is added)."""
         if scale != 1.0 and into is None:
             raise ValueError("clipped_sum: scale needs `into`")

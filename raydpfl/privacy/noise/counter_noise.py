@@ -4,13 +4,13 @@
 A client's stream under such a sampler is a `CounterNoiseGenerator`: still a
 `torch.Generator`, seeded exactly as the default one (so Poisson sampling and every other
 draw an algorithm makes from it are unchanged), whose Gaussian noise
-`raydpfl.privacy.dpsgd` draws with `fill_normal_`. Each call (one noise tensor) takes
+`raydpfl.privacy.per_sample.dpsgd` draws with `fill_normal_`. Each call (one noise tensor) takes
 exactly one ``Tensor.random_`` draw from the torch stream (`draw_seed`), an integer in
 [0, 2**63), and the sampler's numba kernel fills the tensor in row-major order from
 counter-based SplitMix64 words keyed by that draw: the first pass has no serial
 dependency, and the torch stream advances by one draw whatever the tensor's size.
-The per-sampler stream formats are in `raydpfl.privacy.ziggurat` and
-`raydpfl.privacy.boxmuller`.
+The per-sampler stream formats are in `raydpfl.privacy.noise.ziggurat` and
+`raydpfl.privacy.noise.boxmuller`.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def add_normal_(
     `low_rank` = (g, a), g of shape (B, q) and a of (B, p) for a q×p `out`: Σ_b g_bᵀ a_b
     (= gᵀa) is added first, in the same pass as the noise where the sampler has an
     ``add_low_rank`` kernel (a small batch's Linear weight update,
-    `raydpfl.privacy.dpsgd.dp_sgd_step_`), else by a GEMM before it."""
+    `raydpfl.privacy.per_sample.dpsgd.dp_sgd_step_`), else by a GEMM before it."""
     seed = _checked_seed(out, generator, "adds to", seed)
     if low_rank is not None:
         g, a = _checked_factors(out, *low_rank)

@@ -4,7 +4,7 @@ and Laplace, plus the zCDP ↔ (ε, δ) conversions.
 Generic privacy arithmetic, used by any algorithm that releases a statistic once per
 participation (DPFL-BCS's full-batch steps, loss reports, a registered algorithm's own
 release). The Poisson-subsampled Gaussian of DP-SGD is calibrated in
-`raydpfl.privacy.calibration` instead, through the accountants. Every function rejects
+`raydpfl.privacy.accounting.calibration` instead, through the accountants. Every function rejects
 bad input with a ValueError naming the argument.
 """
 

@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from raydpfl.privacy.calibration import (
+from raydpfl.privacy.accounting.calibration import (
     bisect_steps_within,
     largest_feasible_steps,
     max_steps_for,

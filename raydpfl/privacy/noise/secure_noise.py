@@ -23,7 +23,7 @@ counterpart of Opacus' ``secure_mode``:
 
 A client's stream is then a `SecureGenerator`: a `torch.Generator` (so every other draw
 an algorithm makes from it still works) whose own state is seeded from `secrets`, and
-that `raydpfl.privacy.dpsgd`'s noise and sampling functions recognise and bypass. Draws
+that `raydpfl.privacy.per_sample.dpsgd`'s noise and sampling functions recognise and bypass. Draws
 are not reproducible, by design. The cost is measured in the README (Privacy → secure
 noise).
 """
@@ -52,7 +52,7 @@ class SecureGenerator(torch.Generator):
     """A client's stream in secure-noise mode (see the module docstring).
 
     Still a `torch.Generator` on `device`, seeded from `secrets` instead of the run seed;
-    `raydpfl.privacy.dpsgd` draws DP noise and Poisson samples for it from `os.urandom`.
+    `raydpfl.privacy.per_sample.dpsgd` draws DP noise and Poisson samples for it from `os.urandom`.
     """
 
     def __init__(self, device: str | torch.device = "cpu") -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from raydpfl.privacy.boxmuller import BoxMullerGenerator
-from raydpfl.privacy.counter_noise import CounterNoiseGenerator
-from raydpfl.privacy.ziggurat import ZigguratGenerator
+from raydpfl.privacy.noise.boxmuller import BoxMullerGenerator
+from raydpfl.privacy.noise.counter_noise import CounterNoiseGenerator
+from raydpfl.privacy.noise.ziggurat import ZigguratGenerator
 
 #: torch: torch's own generator (the default; its bits are every earlier run's);
-#: the others: counter-based CPU samplers (`raydpfl.privacy.counter_noise`).
+#: the others: counter-based CPU samplers (`raydpfl.privacy.noise.counter_noise`).
 COUNTER_SAMPLERS: dict[str, type[CounterNoiseGenerator]] = {
     "ziggurat": ZigguratGenerator,
     "boxmuller": BoxMullerGenerator,

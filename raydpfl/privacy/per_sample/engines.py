@@ -1,9 +1,10 @@
 """Choosing the per-sample clipping engine for a model.
 
-Both engines compute one DP-SGD step's Σ_i a_i ∇ℓ_i (`raydpfl.privacy.dpsgd.ClippedSumEngine`):
+Both engines compute one DP-SGD step's Σ_i a_i ∇ℓ_i
+(`raydpfl.privacy.per_sample.dpsgd.ClippedSumEngine`):
 `PerSampleGradients` materialises per-sample gradients with torch.func (any model);
 `BookkeepingClipping` computes per-sample norms from layer inputs and output gradients
-without materialising them (`raydpfl.privacy.bookkeeping`, with the rules of
+without materialising them (`raydpfl.privacy.per_sample.bookkeeping`, with the rules of
 `raydpfl.privacy.per_sample`; layers with a rule only). They give the same update up to
 float error. This module sits above both, so neither imports the other's chooser.
 """
@@ -15,8 +16,8 @@ import warnings
 
 from torch import nn
 
-from raydpfl.privacy import bookkeeping
-from raydpfl.privacy.dpsgd import ClippedSumEngine, PerSampleGradients
+from raydpfl.privacy.per_sample import bookkeeping
+from raydpfl.privacy.per_sample.dpsgd import ClippedSumEngine, PerSampleGradients
 
 #: The engine names `make_engine` (and ``runtime.engine``) accept.
 ENGINES = ("auto", "bookkeeping", "vmap")
