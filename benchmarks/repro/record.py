@@ -43,6 +43,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
+import _figures  # noqa: E402
+import _labels  # noqa: E402
+import _provenance  # noqa: E402
 import _record  # noqa: E402
 
 CELLS = HERE / "paper_cells.json"
@@ -138,26 +141,74 @@ def _matches(match: dict[str, Any], key: tuple) -> bool:
     return True
 
 
-def explain(key: tuple, explanations: list[dict[str, Any]], reduced: bool) -> tuple[str, Any]:
-    """The verdict on a gap over the threshold and the explanation it cites (or None)."""
+def explanation_for(key: tuple, explanations: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first explanation whose ``match`` (or ``family``) takes the cell, or None.
+    An explanation does not say how well it explains: the label is computed
+    (`_labels.verdict`); one that still carries a ``status`` is refused."""
     for e in explanations:
+        if "status" in e:
+            raise ValueError(
+                f"explanation {e['id']!r} declares a status; labels are computed from the "
+                "experiments on each cell (benchmarks/repro/_labels.py): drop 'status'"
+            )
+        if "family" in e and not e["family"].get("argument"):
+            raise ValueError(f"explanation {e['id']!r}: a family needs its 'argument'")
         if _matches(e["match"], key):
-            ref = f"see *{e['id']}* below"
-            if e["status"] == "explained":
-                return f"explained ({ref})", e
-            if e["status"] == "partial":
-                return f"partly explained ({ref}); the rest **unexplained**", e
-            if e["status"] == "tried":
-                return f"**unexplained** (tried: {ref})", e
-            return f"attributed, not tested on this cell ({ref})", e
-    if reduced:
-        return "**unexplained** (our schedule is reduced; not tested whether that is why)", None
-    return "**unexplained**", None
+            return e
+    return None
 
 
-def _explanation_line(e: dict[str, Any]) -> str:
+def in_family(e: dict[str, Any] | None, key: tuple) -> bool:
+    return bool(e and "family" in e and any(_matches(m, key) for m in e["family"]["cells"]))
+
+
+def label_text(v: _labels.Verdict, e: dict[str, Any] | None, reduced: bool) -> str:
+    """The label as the table shows it: bold where nothing explains the gap, ‡ where the
+    experiment it rests on was chosen by test accuracy, and the explanation it cites."""
+    text = _labels.LABEL_TEXT[v.label]
+    if v.label in ("unexplained", "tried"):
+        text = f"**{text}**"
+    if v.tuned:
+        text += " ‡"
+    if reduced and v.label in ("unexplained", "tried"):
+        text += " (our schedule is reduced; not tested whether that is why)"
+    if e is not None and v.label != "within":
+        text += f" (see *{e['id']}* below)"
+    return text
+
+
+def _experiment(b: _labels.Experiment, published: float) -> str:
+    spread = f" ± {b.std:.2f}" if b.std is not None else ""
+    dp = "" if b.dp else ", *not DP*"
+    tuned = " ‡" if b.settings == "test_tuned" else ""
+    return (
+        f"{_md(b.what)}{tuned}: {b.mean:.2f}{spread} (n = {b.n}{dp}), Δ {b.mean - published:+.2f}"
+    )
+
+
+def experiment_text(v: _labels.Verdict, published: float) -> str:
+    """The experiment a label rests on, and the one nearest the paper where that is
+    another (e.g. one at a test-tuned C that lands, beside the untuned one that moves)."""
+    if v.best is None:
+        return "—"
+    text = _experiment(v.best, published)
+    if v.closest is not None:
+        text += f"; nearest: {_experiment(v.closest, published)}"
+    return text
+
+
+def _explanation_line(e: dict[str, Any], counts: dict[str, int]) -> str:
     link = f" Experiment: [{e['link']}]({e['link']})." if e.get("link") else ""
-    return f"- *{e['id']}* ({e['status']}): {e['text']}.{link}"
+    labels = ", ".join(
+        f"{_labels.LABEL_TEXT[k]} {counts[k]}" for k in _labels.LABELS if counts.get(k)
+    )
+    family = (
+        f" Covers the family {e['family'].get('name', '')} by this argument: "
+        f"{e['family']['argument']}."
+        if "family" in e
+        else ""
+    )
+    return f"- *{e['id']}* (cells citing it: {labels}): {e['text']}.{family}{link}"
 
 
 def _variant_label(variant: str) -> str:
@@ -170,17 +221,29 @@ def _short(commit: Any) -> str:
     return "unknown" if not commit else str(commit)
 
 
-def commits(rows: list[dict[str, Any]], record_commit: str | None) -> str:
+def commits(
+    rows: list[dict[str, Any]], record_commit: str | None, prov: dict[str, Any] | None = None
+) -> str:
     """The commits `rows` were made at, with how many rows each, in first-seen order; a
-    commit other than `record_commit` is marked † (an unknown one too)."""
+    commit other than `record_commit` is marked † (an unknown one too), and rows no commit
+    reproduces are marked § (``+dirty``) or ¶ (the commit lacks the script that made
+    them; `_provenance`)."""
+    prov = prov or {}
+    absent = set(prov.get("script_absent", []))
     counts: dict[str, int] = {}
     for r in rows:
         c = _short(r.get("commit"))
+        if _provenance.is_dirty(r):
+            c += " §"
+        if _provenance.pair(r) in absent:
+            c += " ¶"
         counts[c] = counts.get(c, 0) + 1
-    return ", ".join(
-        f"{c}{'' if record_commit and c == record_commit else ' †'} ({n})"
-        for c, n in counts.items()
-    )
+    out = []
+    for c, n in counts.items():
+        base = c.split(" ")[0]
+        mark = "" if record_commit and base == record_commit else " †"
+        out.append(f"{base}{mark}{c[len(base) :]} ({n})")
+    return ", ".join(out)
 
 
 def _headline_rows(h: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,10 +264,15 @@ def _headline_rows(h: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
     return out
 
 
-def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]:
+def headline_table(
+    rows: list[dict[str, Any]], doc: dict[str, Any], prov: dict[str, Any] | None = None
+) -> list[str]:
     """The numbers README quotes, each pooled over its rows at the record commit, or
     flagged with where its rows come from when it has none there (and why, where the
-    headline's ``elsewhere_because`` says the record commit cannot make that row)."""
+    headline's ``elsewhere_because`` says the record commit cannot make that row). Rows
+    no commit reproduces (``+dirty``, or a commit without their script) are never pooled
+    here: they are counted as left out."""
+    prov = prov or {}
     record_commit = doc.get("record_commit")
     headlines = doc.get("headlines", [])
     if not headlines:
@@ -217,13 +285,18 @@ def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]
         "rerun the command to get the same rows. Each is pooled over its rows made at that "
         "commit only (mean ± sample std over seeds). A headline not yet re-run there is "
         "flagged, with its number pooled over the rows made elsewhere and their commits "
-        "(re-run at the record commit as time allows: some cost hours on two cores).",
+        "(re-run at the record commit as time allows: some cost hours on two cores). Rows "
+        "that no commit reproduces (§ `+dirty`, ¶ a commit without the script) are never "
+        "pooled into a headline; the last column counts those left out.",
         "",
-        "| headline | paper | at record commit | status | elsewhere: ours (commit, rows) |",
-        "|---|---|---|---|---|",
+        "| headline | paper | at record commit | status | elsewhere: ours (commit, rows) "
+        "| not reproducible, left out |",
+        "|---|---|---|---|---|---|",
     ]
     for h in headlines:
-        mine = _headline_rows(h, rows)
+        named = _headline_rows(h, rows)
+        mine = [r for r in named if _provenance.reproducible(r, prov)]
+        left_out = [r for r in named if not _provenance.reproducible(r, prov)]
         at = [r for r in mine if r.get("commit") == record_commit]
         other = one_per_seed([r for r in mine if r.get("commit") != record_commit], None)
         published = next(
@@ -250,7 +323,7 @@ def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]
             f"| {_md(h['label'])} | {_fmt(published)} | {_ours(pooled) if pooled else '—'} | "
             f"{status} | "
             + (f"{_ours(pool(other))} ({commits(other, record_commit)})" if other else "—")
-            + " |"
+            + f" | {commits(left_out, record_commit, prov) if left_out else '—'} |"
         )
     return [*out, ""]
 
@@ -327,6 +400,7 @@ def authors_table(
     record_commit: str | None = None,
     runner: str = "benchmarks/repro/authors_step.py",
     notes: str | None = "benchmarks/repro/notes/authors_step_differences.md",
+    prov: dict[str, Any] | None = None,
 ) -> list[str]:
     """The rows of a paper's published code re-implemented (``source: authors' code``,
     written by ``runner``, its differences from our step in ``notes``), per cell and
@@ -356,7 +430,7 @@ def authors_table(
             f"| {f['table']} | {_md(f['setting'])} | {f['method']} | {_fmt_eps(f['epsilon'])} "
             f"| {_md(k[6]) or '—'} | {_fmt(published)} | {value} | {delta} "
             f"| {_ours(pool(ours)) if ours else '—'} | {_schedule(v)} "
-            f"| {commits(v, record_commit)} |"
+            f"| {commits(v, record_commit, prov)} |"
         )
     return [*out, ""]
 
@@ -383,7 +457,53 @@ def differences_table(notes: str | None) -> list[str]:
     ]
 
 
-def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
+def render(
+    rows: list[dict[str, Any]], doc: dict[str, Any], prov: dict[str, Any] | None = None
+) -> str:
+    """REPRODUCTION.md's text (`build` without the figures' data)."""
+    return build(rows, doc, prov)[0]
+
+
+def experiments_on(
+    key: tuple,
+    groups: list[dict[tuple, list[dict[str, Any]]]],
+    rules: list[dict[str, Any]],
+    record_commit: str | None,
+) -> list[_labels.Experiment]:
+    """Every experiment recorded on the cell `key`: each (cell, variant) group of the
+    variants, not-DP steps and authors' code rows, pooled one row per seed."""
+    out = []
+    for g in groups:
+        for k, v in g.items():
+            if k[:6] != key:
+                continue
+            variant = k[6]
+            source = v[0].get("source") or "run"
+            who = "authors' code" if source == AUTHORS_SOURCE else "ours"
+            what = who + (f", {_variant_label(variant)}" if variant else "")
+            p = pool(v, record_commit)
+            out.append(
+                _labels.pooled_experiment(
+                    what,
+                    [float(r["ours"]) for r in p["rows"]],
+                    all(r.get("dp", True) for r in v),
+                    _labels.settings_class(key[0], variant, rules),
+                    key,
+                )
+            )
+    return out
+
+
+def build(
+    rows: list[dict[str, Any]], doc: dict[str, Any], prov: dict[str, Any] | None = None
+) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    """(REPRODUCTION.md's text, per paper the figure's points: every run cell with a
+    published number, ours with its seed spread, its label and the experiment it rests on).
+    `prov` is provenance.json's content (`_provenance`; none: every row counts as
+    reproducible)."""
+    prov = prov or {}
+    rules = doc.get("settings", [])
+    figures: dict[str, list[dict[str, Any]]] = {}
     threshold = float(doc.get("gap_threshold", 3.0))
     record_commit = doc.get("record_commit")
     explanations = doc.get("explanations", [])
@@ -398,22 +518,32 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         "`benchmarks/repro/paper_cells.json` (the papers' numbers, transcribed from "
         "`shared/specs`). Do not edit by hand: rerun a runner, then this command.",
         "",
-        f"Δ = ours − paper, in points. A gap over {threshold:g} points carries the experiment "
-        "that explains it or **unexplained**. *not DP* marks an ablation that runs a published "
-        "step which is not differentially private: it explains a number, it does not "
-        "reproduce its guarantee. Results are reported as measured, including where they "
+        "Δ = ours − paper, in points; every cell run gets a label (below), and the "
+        "experiment it rests on is named beside it. *not DP* marks an ablation that runs a "
+        "published step which is not differentially private: it explains a number, it does "
+        "not reproduce its guarantee. Results are reported as measured, including where they "
         "disagree with the papers.",
         "",
+        *_labels.DEFINITIONS,
+        "",
         "Commits: each table names the commits its pooled rows were made at, with how many "
-        f"rows each; † marks a commit other than the record commit `{record_commit}`, and "
-        "`+dirty` an uncommitted tree (no commit reproduces such a row exactly).",
+        f"rows each; † marks a commit other than the record commit `{record_commit}`. Rows no "
+        "commit reproduces are marked: § `+dirty` (an uncommitted tree) and ¶ a commit that "
+        "does not contain the script that made the row (`benchmarks/repro/provenance.json`). "
+        "They are shown as measured in the paper tables, counted in the summary, and never "
+        "pooled into a headline.",
         "",
     ]
     by_paper: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_paper[r["paper"]].append(r)
-    summary = ["| paper | cells transcribed | cells run | gaps > 3 | unexplained | never run |"]
-    summary.append("|---|---|---|---|---|---|")
+    summary = [
+        "| paper | cells transcribed | cells run | "
+        + " | ".join(_labels.LABEL_TEXT[k] for k in _labels.LABELS)
+        + " | of which ‡ test-tuned | never run | run cells pooling a row no commit "
+        "reproduces |"
+    ]
+    summary.append("|---" * (len(_labels.LABELS) + 6) + "|")
     bodies: list[str] = []
     for paper in PAPER_ORDER:
         info = doc["papers"][paper]
@@ -443,6 +573,7 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         for groups in (main, notdp, variants, authors):
             for k, v in groups.items():
                 groups[k] = one_per_seed(v, record_commit)
+        experiment_groups = [notdp, variants, authors]
         body = [f"## {info['title']}", ""]
         body.append(
             f"Seed `{info['seed']}`, spec `{info['spec']}`, runner `{info['runner']}`. "
@@ -454,12 +585,15 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         # Cells with a published number and our DP run of the paper's configuration.
         table = [
             "| table | setting | method | ε | paper | ours | Δ | rounds run of paper's "
-            "| paper's step, not DP | gap | commits |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| paper's step, not DP | label | experiment it rests on | commits |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         nogap: list[str] = []
         cited: dict[str, dict[str, Any]] = {}
-        gaps = unexplained = 0
+        cited_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        label_counts: dict[str, int] = dict.fromkeys(_labels.LABELS, 0)
+        tuned = not_reproducible = 0
+        points: list[dict[str, Any]] = []
         shown_notdp: set[tuple] = set()
         run_keys: set[tuple] = set()
         ablation_only: set[tuple] = set()
@@ -489,24 +623,59 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                     f"| {row_fields['table']} | {_md(row_fields['setting'])} | "
                     f"{row_fields['method']} | {_fmt_eps(row_fields['epsilon'])} | "
                     f"{ours_txt} | {group[0].get('metric')} | {_schedule(group)} | "
-                    f"{commits(group, record_commit)} |"
+                    f"{commits(group, record_commit, prov)} |"
                 )
                 continue
-            delta = p["mean"] - float(published)
-            gap = ""
-            if abs(delta) > threshold:
-                gaps += 1
-                gap, cited_e = explain(key, explanations, schedule != "full")
-                if cited_e is not None:
-                    cited[cited_e["id"]] = cited_e
-                if "**unexplained**" in gap:
-                    unexplained += 1
+            published = float(published)
+            delta = p["mean"] - published
+            e = explanation_for(key, explanations)
+            exps = experiments_on(key, experiment_groups, rules, record_commit)
+            if in_family(e, key):
+                assert e is not None
+                for other in e["family"]["cells"]:
+                    for k in {g[:6] for grp in experiment_groups for g in grp}:
+                        if k != key and _matches(other, k):
+                            exps += experiments_on(k, experiment_groups, rules, record_commit)
+            v = _labels.verdict(p["mean"], p["std"], published, exps, threshold)
+            label_counts[v.label] += 1
+            tuned += v.tuned
+            if e is not None and v.label != "within":
+                cited[e["id"]] = e
+                cited_counts[e["id"]][v.label] += 1
+            pooled_rows = group + [r for _, val in nd for r in val]
+            if not all(_provenance.reproducible(r, prov) for r in p["rows"]):
+                not_reproducible += 1
             table.append(
                 f"| {row_fields['table']} | {_md(row_fields['setting'])} | "
                 f"{row_fields['method']} | {_fmt_eps(row_fields['epsilon'])} | "
-                f"{float(published):.2f} | {ours_txt} | {delta:+.2f} | {_schedule(group)} | "
-                f"{nd_txt or '—'} | {gap or '—'} | "
-                f"{commits(group + [r for _, v in nd for r in v], record_commit)} |"
+                f"{published:.2f} | {ours_txt} | {delta:+.2f} | {_schedule(group)} | "
+                f"{nd_txt or '—'} | {label_text(v, e, schedule != 'full')} | "
+                f"{experiment_text(v, published)} | "
+                f"{commits(pooled_rows, record_commit, prov)} |"
+            )
+            points.append(
+                {
+                    "table": row_fields["table"],
+                    "setting": row_fields["setting"],
+                    "method": row_fields["method"],
+                    "epsilon": row_fields["epsilon"],
+                    "paper": published,
+                    "ours": round(p["mean"], 4),
+                    "std": None if p["std"] is None else round(p["std"], 4),
+                    "n": p["n"],
+                    "label": v.label,
+                    "tuned": v.tuned,
+                    "reproducible": all(_provenance.reproducible(r, prov) for r in p["rows"]),
+                    "experiment": None
+                    if v.best is None
+                    else {
+                        "what": v.best.what,
+                        "mean": round(v.best.mean, 4),
+                        "std": None if v.best.std is None else round(v.best.std, 4),
+                        "n": v.best.n,
+                        "dp": v.best.dp,
+                    },
+                }
             )
         # Non-DP ablations whose cell has no DP run of ours.
         for k, v in sorted(notdp.items(), key=lambda kv: str(kv[0])):
@@ -521,15 +690,27 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
             table.append(
                 f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
                 f"{_fmt_eps(f['epsilon'])} | {_fmt(published)} | not run | — | "
-                f"{_schedule(v)} | {_ours(p)} (*not DP*: {_md(k[6])}); Δ {delta} | — | "
-                f"{commits(v, record_commit)} |"
+                f"{_schedule(v)} | {_ours(p)} (*not DP*: {_md(k[6])}); Δ {delta} | — | — | "
+                f"{commits(v, record_commit, prov)} |"
             )
         n_run = len({k for k in run_keys if k in paper_of})
         if len(table) > 2:
             body += ["### Ours beside the paper's", "", *table, ""]
+            if tuned:
+                body += [
+                    "‡: the experiment the label rests on uses a setting chosen by test "
+                    "accuracy (no ε in the record or the paper counts that choice).",
+                    "",
+                ]
+            if any(not pt["reproducible"] for pt in points):
+                body += [
+                    "§ / ¶ in a commits column: the cell pools a row no commit reproduces "
+                    "(`+dirty`, or a commit without the script); see the summary.",
+                    "",
+                ]
             if cited:
                 body += ["Gap explanations:", ""]
-                body += [_explanation_line(e) for e in cited.values()]
+                body += [_explanation_line(e, cited_counts[i]) for i, e in cited.items()]
                 body.append("")
         else:
             body += ["No cell of this paper has been run with a published number to compare.", ""]
@@ -542,6 +723,7 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 record_commit,
                 meta.get("authors_runner", "benchmarks/repro/authors_step.py"),
                 meta.get("differences"),
+                prov,
             )
             body += differences_table(meta.get("differences"))
         if nogap:
@@ -572,7 +754,7 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                     f"{_fmt_eps(f['epsilon'])} | {_md(_variant_label(k[6]))} | "
                     f"{_fmt(published)} | {_ours(p)}"
                     f"{'' if all(r.get('dp', True) for r in v) else ' (*not DP*)'} "
-                    f"| {delta} | {_schedule(v)} | {commits(v, record_commit)} |"
+                    f"| {delta} | {_schedule(v)} | {commits(v, record_commit, prov)} |"
                 )
             body.append("")
         ours_rows = [r for r in prow if r.get("source") != AUTHORS_SOURCE]
@@ -613,12 +795,26 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         body.append("")
         if prow:
             body += ["### How each number was made", "", *_commands(prow), ""]
+        figures[paper] = points
+        if points:
+            fig = _figures.figure_path(paper)
+            body[2:2] = [
+                f"![{paper}: the paper's number against ours, by label]"
+                f"({fig.relative_to(ROOT).as_posix()})",
+                "",
+                "The paper's number (x) against ours (y) for every cell run, with the "
+                "seed-to-seed std as a bar, coloured by label; the dashed band is ±3 points; "
+                "a hollow marker joined to a cell is the experiment its label rests on.",
+                "",
+            ]
         bodies += body
         summary.append(
-            f"| {paper} | {len(pcells)} | {n_run} | {gaps} | {unexplained} | {len(never)} |"
+            f"| {paper} | {len(pcells)} | {n_run} | "
+            + " | ".join(str(label_counts[k]) for k in _labels.LABELS)
+            + f" | {tuned} | {len(never)} | {not_reproducible} |"
         )
-    lines += ["## Summary", "", *summary, "", *headline_table(rows, doc), *bodies]
-    return "\n".join(lines).rstrip() + "\n"
+    lines += ["## Summary", "", *summary, "", *headline_table(rows, doc, prov), *bodies]
+    return "\n".join(lines).rstrip() + "\n", figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -626,19 +822,84 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=_record.DEFAULT_RESULTS)
     p.add_argument("--cells", type=Path, default=CELLS)
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--check", action="store_true", help="exit 1 if --out is out of date")
+    p.add_argument("--provenance-file", type=Path, default=_provenance.PROVENANCE)
+    p.add_argument(
+        "--figures",
+        type=Path,
+        default=None,
+        help="folder of the per-paper figures and their data (default: "
+        "benchmarks/repro/figures/, or figures/ beside --out when --out is another file)",
+    )
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 if --out or a figure is out of date"
+    )
+    p.add_argument(
+        "--accept-dirty",
+        action="store_true",
+        help="accept the results' +dirty rows not yet accepted (listed in the provenance "
+        "file); without it a new dirty row is refused",
+    )
+    p.add_argument(
+        "--provenance",
+        action="store_true",
+        help="recompute from git which rows name a commit without the script that made them",
+    )
     args = p.parse_args(argv)
+    if args.figures is None:
+        same = args.out.resolve() == OUT.resolve()
+        args.figures = _figures.FIGURES if same else args.out.parent / "figures"
     doc = json.loads(args.cells.read_text(encoding="utf-8"))
-    text = render(_record.load_rows(args.results), doc)
+    rows = _record.load_rows(args.results)
+    prov = _provenance.load(args.provenance_file)
+    new_dirty = _provenance.unaccepted_dirty(rows, prov)
+    if args.provenance or (args.accept_dirty and new_dirty):
+        if args.check:
+            p.error("--check does not write: drop --provenance / --accept-dirty")
+        if args.provenance:
+            absent, unknown = _provenance.absent_scripts(rows, ROOT)
+            if unknown:
+                print(f"record.py: error: commits not in this repository: {unknown}",
+                      file=sys.stderr)  # fmt: skip
+                return 2
+            prov["script_absent"] = absent
+        if args.accept_dirty:
+            prov["accepted_dirty"] = [
+                *prov.get("accepted_dirty", []),
+                *(_provenance.digest(r) for r in new_dirty),
+            ]
+        _provenance.save(prov, args.provenance_file)
+        prov = _provenance.load(args.provenance_file)
+        new_dirty = _provenance.unaccepted_dirty(rows, prov)
+    if new_dirty:
+        print(
+            f"record.py: error: {len(new_dirty)} row(s) from an uncommitted tree (+dirty, "
+            f"first: {new_dirty[0]['paper']} {new_dirty[0]['table']} {new_dirty[0]['method']} "
+            f"at {new_dirty[0]['commit']}); rerun from a worktree of a commit, or pass "
+            "--accept-dirty to record them as not reproducible",
+            file=sys.stderr,
+        )
+        return 2
+    text, figures = build(rows, doc, prov)
+    titles = {k: v["title"] for k, v in doc["papers"].items()}
+    files = {args.out: text, **_figures.outputs(figures, titles, args.figures)}
     if args.check:
-        current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
-        if current != text:
-            print(f"{args.out} is out of date: run python benchmarks/repro/record.py")
+        stale = [
+            path
+            for path, content in files.items()
+            if not path.exists() or path.read_text(encoding="utf-8") != content
+        ]
+        if stale:
+            print(
+                f"{', '.join(str(s) for s in stale)} out of date: run python "
+                "benchmarks/repro/record.py"
+            )
             return 1
-        print(f"{args.out} is up to date")
+        print(f"{args.out} and its figures are up to date")
         return 0
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}")
+    for path, content in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+    print(f"wrote {args.out} and {len(files) - 1} figure files")
     return 0
 
 
