@@ -1,31 +1,39 @@
-"""Regenerates REPRODUCTION.md from the reproduction record.
+"""Regenerates REPRODUCTION.md and its figures from the reproduction record.
 
-    python benchmarks/repro/record.py            # writes REPRODUCTION.md at the repository root
-    python benchmarks/repro/record.py --check    # exit 1 if REPRODUCTION.md is out of date
+    python benchmarks/repro/record.py            # REPRODUCTION.md + benchmarks/repro/figures/
+    python benchmarks/repro/record.py --check    # exit 1 if either is out of date
     python benchmarks/repro/record.py --results R.jsonl --cells C.json --out OUT.md
+    python benchmarks/repro/record.py --import-rows ../run/benchmarks/repro/results.jsonl
+    python benchmarks/repro/record.py --provenance   # which commits lack their rows' script
+    python benchmarks/repro/record.py --accept-dirty # record new +dirty rows, marked
 
 Inputs: the rows the runners append to benchmarks/repro/results.jsonl (schema in
-``_record.py``) and the papers' cells in benchmarks/repro/paper_cells.json (values
-transcribed from shared/specs, with the seed line and spec section of each, and the known
-explanations of gaps). Per paper it writes a table of ours beside the paper's, with Δ =
-ours − paper; every gap over ``gap_threshold`` points (3) carries the explanation that
-matches it, linked to the experiment that shows it, or **unexplained**. Rows of one cell
-with the same schedule are pooled over seeds (mean ± sample std; a run repeated at several
-commits counts once, its row at the record commit preferred, else its latest). A non-DP ablation (a
-published step that is not DP, ``dp: false``) is shown beside ours, labelled *not DP*;
-variants and studies (``variant`` set) get their own table, and so do ablations of our own
-pipeline that are not DP (``noise-free``), labelled *not DP* there; rows of a paper's
-published code re-implemented (``source: "authors' code"``, written by the paper's
-``authors_runner``) get theirs, beside the paper's number and ours, never pooled with
-ours; cells with no row at all are listed as never run. The output depends only on the
-two files, so it is deterministic.
+``_record.py``), the papers' cells in benchmarks/repro/paper_cells.json (values
+transcribed from shared/specs, with the seed line and spec section of each, the
+explanations of gaps and the class of every variant's settings) and
+benchmarks/repro/provenance.json (`_provenance`). Per paper it writes a table of ours
+beside the paper's, with Δ = ours − paper and the cell's label, computed from the
+experiments recorded on that cell (`_labels`: within, explained, explained not DP, partly
+explained, tried, unexplained; defined at the top of the output), with the explanation
+that speaks to the cell, and a figure of the paper's number against ours (`_figures`).
+Rows of one cell with the same schedule are pooled over seeds (mean ± sample std; a run
+repeated at several commits counts once, its row at the record commit preferred, else its
+latest). A non-DP ablation (a published step that is not DP, ``dp: false``) is shown
+beside ours, labelled *not DP*; variants and studies (``variant`` set) get their own
+table, and so do ablations of our own pipeline that are not DP (``noise-free``), labelled
+*not DP* there; rows of a paper's published code re-implemented (``source: "authors'
+code"``, written by the paper's ``authors_runner``) get theirs, beside the paper's number
+and ours, never pooled with ours; cells with no row at all are listed as never run. The
+output depends only on the three files, so it is deterministic.
 
-Provenance: every table names the commits its pooled rows were made at (``+dirty``: an
-uncommitted tree, which no commit reproduces), and marks with † a commit other than the
-record commit (``record_commit`` in paper_cells.json). The headline rows (``headlines``:
-the numbers README quotes) get a table of their own at the top: each pooled over its rows
-at the record commit only, or flagged as not yet re-run there, with where its numbers
-come from instead.
+Provenance: every table names the commits its pooled rows were made at, marks with † a
+commit other than the record commit (``record_commit`` in paper_cells.json), with § a row
+from an uncommitted tree (``+dirty``) and with ¶ one whose commit lacks the script that
+made it: no commit reproduces those two. The headline rows (``headlines``: the numbers
+README quotes) get a table of their own at the top: each pooled over its reproducible
+rows at the record commit only, or flagged as not yet re-run there, with where its
+numbers come from instead; rows no commit reproduces are left out of them and counted. A
+dirty row not yet accepted (provenance.json) is refused unless ``--accept-dirty``.
 """
 
 from __future__ import annotations
@@ -497,13 +505,15 @@ def experiments_on(
 def build(
     rows: list[dict[str, Any]], doc: dict[str, Any], prov: dict[str, Any] | None = None
 ) -> tuple[str, dict[str, list[dict[str, Any]]]]:
-    """(REPRODUCTION.md's text, per paper the figure's points: every run cell with a
-    published number, ours with its seed spread, its label and the experiment it rests on).
+    """(REPRODUCTION.md's text, {"figures": per paper the figure's points: every run cell
+    with a published number, ours with its seed spread, its label and the experiment it
+    rests on; "counts": per paper the summary row's counts}).
     `prov` is provenance.json's content (`_provenance`; none: every row counts as
     reproducible)."""
     prov = prov or {}
     rules = doc.get("settings", [])
     figures: dict[str, list[dict[str, Any]]] = {}
+    counts: dict[str, dict[str, int]] = {}
     threshold = float(doc.get("gap_threshold", 3.0))
     record_commit = doc.get("record_commit")
     explanations = doc.get("explanations", [])
@@ -808,13 +818,74 @@ def build(
                 "",
             ]
         bodies += body
+        counts[paper] = {
+            **label_counts,
+            "tuned": tuned,
+            "transcribed": len(pcells),
+            "run": n_run,
+            "never": len(never),
+            "not_reproducible": not_reproducible,
+        }
         summary.append(
             f"| {paper} | {len(pcells)} | {n_run} | "
             + " | ".join(str(label_counts[k]) for k in _labels.LABELS)
             + f" | {tuned} | {len(never)} | {not_reproducible} |"
         )
     lines += ["## Summary", "", *summary, "", *headline_table(rows, doc, prov), *bodies]
-    return "\n".join(lines).rstrip() + "\n", figures
+    text = "\n".join(lines).rstrip() + "\n"
+    return text, {"figures": figures, "counts": counts}
+
+
+README_BEGIN = "<!-- record:begin (written by python benchmarks/repro/record.py; do not edit) -->"
+README_END = "<!-- record:end -->"
+
+
+def _anchor(title: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def readme_block(paper: str, info: dict[str, Any], counts: dict[str, int]) -> str:
+    """The record section of a paper folder's README: the paper's summary row in words and
+    its figure, linked to REPRODUCTION.md (paths relative to the README)."""
+    up = "../" * (len(Path(info["readme"]).parts) - 1)
+    tuned = (
+        f" ({counts['tuned']} of them ‡: only at a setting chosen by test accuracy)"
+        if counts.get("tuned")
+        else ""
+    )
+    labels = ", ".join(
+        f"{counts[k]} {_labels.LABEL_TEXT[k]}" + (tuned if k == "partly" else "")
+        for k in _labels.LABELS
+        if counts.get(k)
+    )
+    lines = [
+        README_BEGIN,
+        "",
+        f"**In the record** ([REPRODUCTION.md]({up}REPRODUCTION.md#{_anchor(info['title'])})):"
+        f" {counts['transcribed']} cells transcribed, {counts['run']} run: {labels or 'none'}"
+        f"; {counts['never']} never run. {counts['not_reproducible']} of the cells run pool "
+        "a row that no commit reproduces (§ `+dirty` or ¶ a commit without its script). "
+        "The labels are defined at the top of REPRODUCTION.md.",
+        "",
+    ]
+    figure = _figures.figure_path(paper)
+    if counts["run"]:
+        lines += [
+            f"![{paper}: the paper's number against ours, by label]"
+            f"({up}{figure.relative_to(ROOT).as_posix()})",
+            "",
+        ]
+    return "\n".join([*lines, README_END])
+
+
+def with_readme_block(text: str, block: str, where: str) -> str:
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"{where} lacks the record markers ({README_BEGIN!r} ... {README_END!r})")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    return head + block + tail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -844,7 +915,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="recompute from git which rows name a commit without the script that made them",
     )
+    p.add_argument(
+        "--import-rows",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="first append the rows of another results.jsonl (a worktree's, after a long "
+        "run) that this one lacks; exact duplicates are skipped",
+    )
     args = p.parse_args(argv)
+    if args.import_rows is not None:
+        if args.check:
+            p.error("--check does not write: drop --import-rows")
+        have = {_provenance.digest(r) for r in _record.load_rows(args.results)}
+        new = [r for r in _record.load_rows(args.import_rows) if _provenance.digest(r) not in have]
+        _record.append_rows(new, args.results)
+        print(f"imported {len(new)} row(s) from {args.import_rows}")
     if args.figures is None:
         same = args.out.resolve() == OUT.resolve()
         args.figures = _figures.FIGURES if same else args.out.parent / "figures"
@@ -879,9 +965,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    text, figures = build(rows, doc, prov)
+    text, made = build(rows, doc, prov)
     titles = {k: v["title"] for k, v in doc["papers"].items()}
-    files = {args.out: text, **_figures.outputs(figures, titles, args.figures)}
+    files = {args.out: text, **_figures.outputs(made["figures"], titles, args.figures)}
+    if args.out.resolve() == OUT.resolve():
+        # the paper folders' READMEs carry their record section (only for the real record)
+        for paper, info in doc["papers"].items():
+            if info.get("readme"):
+                path = ROOT / info["readme"]
+                block = readme_block(paper, info, made["counts"][paper])
+                files[path] = with_readme_block(
+                    path.read_text(encoding="utf-8"), block, info["readme"]
+                )
     if args.check:
         stale = [
             path
@@ -899,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
     for path, content in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content, encoding="utf-8")
-    print(f"wrote {args.out} and {len(files) - 1} figure files")
+    print(f"wrote {args.out}, its figures and the papers' record sections ({len(files)} files)")
     return 0
 
 

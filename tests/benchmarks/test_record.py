@@ -654,4 +654,24 @@ def test_each_papers_figure_plots_every_run_cell_with_its_label():
         assert svg.startswith("<?xml") and "<dc:date>" not in svg
         for pt in data["points"]:
             assert pt["label"] in _load("_labels").LABELS
-            assert doc["papers"][paper]
+        # the paper folder's README carries the figure in its generated record section
+        readme = (ROOT / doc["papers"][paper]["readme"]).read_text(encoding="utf-8")
+        section = readme.split(record.README_BEGIN)[1].split(record.README_END)[0]
+        assert f"(../../../benchmarks/repro/figures/{paper}.svg)" in section
+        assert f"{summary[paper]} run:" in section
+
+
+def test_rows_of_a_worktree_are_imported_once(rec, tmp_path):
+    """A long run from a worktree appends to that tree's results.jsonl; --import-rows
+    brings the rows this record lacks, and importing twice adds nothing."""
+    record = _load("record")
+    cells = tmp_path / "cells.json"
+    cells.write_text(json.dumps(DOC))
+    rec.append_rows([_row()])
+    other = tmp_path / "other.jsonl"
+    rec.append_rows([*rec.load_rows(), _row(seed=1, ours=64.0)], other)
+    args = ["--results", str(rec.results_path()), "--cells", str(cells),
+            "--out", str(tmp_path / "R.md"), "--provenance-file", str(tmp_path / "p.json"),
+            "--import-rows", str(other)]  # fmt: skip
+    assert record.main(args) == 0 and record.main(args) == 0
+    assert [r["seed"] for r in rec.load_rows()] == [0, 1]
