@@ -10,6 +10,7 @@ def register() -> None:
     # Imported here: the package itself stays importable from anywhere in raydpfl's own
     # import order (the registry calls this while `raydpfl.config` may be loading).
     from raydpfl.papers.ali_dpfl.options import AdapDpFlConfig, AliDpflConfig, PeDpflConfig
+    from raydpfl.registry.round_panels import RoundPanel, register_round_panel
 
     loop = ("audit:dp_sgd_loop",)  # the shared DP-SGD loop: the audit's record canaries
     for name in ("ali_dpfl", "dp_fedavg_fixed_tau"):  # the fixed-τ baseline reads R_c's too
@@ -39,4 +40,31 @@ def register() -> None:
         builtin=True,
         section="adap_dp_fl",
         tags=loop,
+    )
+    # round_metrics.png panels of ALI-DPFL's own rounds.parquet columns; τ is drawn with
+    # the local steps of every run
+    register_round_panel(
+        RoundPanel(
+            "Local steps per round (τ for ALI-DPFL)",
+            "local DP-SGD steps",
+            ("local_steps", "tau", "tau_raw", "tau_next"),
+            names={
+                "local_steps": "steps run",
+                "tau": "τ used",
+                "tau_raw": "τ* (unrounded)",
+                "tau_next": "τ planned next",
+            },
+            log_ok=False,
+        )
+    )
+    register_round_panel(RoundPanel("Smoothness estimate μ (ALI-DPFL)", "μ", ("mu",)))
+    register_round_panel(RoundPanel("γ (ALI-DPFL)", "γ", ("gamma",)))
+    register_round_panel(
+        RoundPanel(
+            "DP-SGD iterations (ALI-DPFL)",
+            "iterations",
+            ("iterations_done", "tau_T"),
+            names={"iterations_done": "done", "tau_T": "total T"},
+            log_ok=False,
+        )
     )

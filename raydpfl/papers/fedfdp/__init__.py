@@ -13,6 +13,7 @@ def register() -> None:
     # import order (the registry calls this while `raydpfl.config` may be loading).
     from raydpfl.config.schema import SERVER_OPTIMIZER_TAG
     from raydpfl.papers.fedfdp.options import NAMES, PRIVATE_NAMES, FedFdpConfig
+    from raydpfl.registry.round_panels import RoundPanel, register_round_panel
 
     for name in NAMES:
         registry.register(
@@ -26,3 +27,8 @@ def register() -> None:
             # Every private one runs the shared DP-SGD loop: the audit's record canaries.
             + (("audit:dp_sgd_loop",) if name in PRIVATE_NAMES else ()),
         )
+    # round_metrics.png panels of FedFair's and FedFDP's own rounds.parquet columns
+    register_round_panel(
+        RoundPanel("Fairness weight λ", "λ", ("lambda", "lam", "lambda_star", "lambda_next"))
+    )
+    register_round_panel(RoundPanel("Ψ recorded by the algorithm", "Ψ", ("psi",)))
