@@ -5,6 +5,30 @@ from raydpfl import registry
 _BUILD = "raydpfl.papers.ali_dpfl.builder:build"
 
 
+#: Where this paper's material lives outside this folder, relative to the repository root
+#: (the presets, the reproduction runners, their notes, the tests, the record's figure):
+#: the folder names it here, and tests/benchmarks/test_paper_material.py checks the shape.
+MATERIAL: dict[str, str | tuple[str, ...]] = {
+    "readme": "raydpfl/papers/ali_dpfl/README.md",
+    "presets": ("configs/ali_dpfl",),
+    "runners": (
+        "benchmarks/repro/ali_dpfl.py",
+        "benchmarks/repro/authors_step.py",
+        "benchmarks/repro/ali_tau_budget.py",
+    ),
+    "notes": (
+        "benchmarks/repro/notes/ali_dpfl_authors_code.md",
+        "benchmarks/repro/notes/authors_step_differences.md",
+    ),
+    "tests": (
+        "tests/papers/ali_dpfl",
+        "tests/benchmarks/test_ali_dpfl_runner.py",
+        "tests/benchmarks/test_authors_step.py",
+    ),
+    "figure": "benchmarks/repro/figures/ali_dpfl.svg",
+}
+
+
 def register() -> None:
     """Registers ALI-DPFL's algorithms (the ``raydpfl.plugins`` entry point calls it)."""
     # Imported here: the package itself stays importable from anywhere in raydpfl's own

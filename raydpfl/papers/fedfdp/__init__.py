@@ -7,6 +7,27 @@ from raydpfl import registry
 _SERVER_OPTIMIZER = ("fedprox", "dp_fedprox")
 
 
+#: Where this paper's material lives outside this folder, relative to the repository root
+#: (the presets, the reproduction runners, their notes, the tests, the record's figure):
+#: the folder names it here, and tests/benchmarks/test_paper_material.py checks the shape.
+MATERIAL: dict[str, str | tuple[str, ...]] = {
+    "readme": "raydpfl/papers/fedfdp/README.md",
+    "presets": ("configs/fedfdp", "configs/sweeps/fedfdp_lambda.yaml"),
+    "runners": (
+        "benchmarks/repro/fedfdp.py",
+        "benchmarks/repro/authors_step_fedfdp.py",
+        "benchmarks/repro/accumulator_ablation.py",
+    ),
+    "notes": ("benchmarks/repro/notes/authors_step_fedfdp_differences.md",),
+    "tests": (
+        "tests/papers/fedfdp",
+        "tests/benchmarks/test_authors_step_fedfdp.py",
+        "tests/benchmarks/test_accumulator_ablation.py",
+    ),
+    "figure": "benchmarks/repro/figures/fedfdp.svg",
+}
+
+
 def register() -> None:
     """Registers FedFDP's algorithms (the ``raydpfl.plugins`` entry point calls it)."""
     # Imported here: the package itself stays importable from anywhere in raydpfl's own
