@@ -70,3 +70,19 @@ def test_the_records_registration_and_the_readme_point_into_the_papers_material(
         assert runner in readme, runner  # how to run it
     assert f"configs/{paper}/" in readme  # its presets
     assert "<!-- record:begin" in readme and Path(m["figure"]).name in readme  # its record
+
+
+def test_ali_dpfls_step_budget_lives_in_its_folder_and_registers_with_the_core():
+    """The authors' Algorithm 3 (rc_mode: paper_compat) is ALI-DPFL's: the core's step
+    budget names no paper and takes the mode from the paper's registration."""
+    from raydpfl.papers.ali_dpfl.theory import paper_compat_iteration_budget
+    from raydpfl.privacy import step_budget
+
+    core = (ROOT / "raydpfl" / "privacy" / "step_budget.py").read_text(encoding="utf-8")
+    code = "\n".join(line for line in core.splitlines() if not line.lstrip().startswith("#"))
+    assert "bisect_steps_within" not in code  # the authors' bisection is not the core's
+    assert "paper_compat" in step_budget.step_budget_modes()
+    got = step_budget.iteration_budget(2.0, 1e-5, 0.015, 1.1, mode="paper_compat")
+    assert got == paper_compat_iteration_budget(2.0, 1e-5, 0.015, 1.1) == 317  # the paper's
+    with pytest.raises(ValueError, match="mode must be one of exact, paper_compat"):
+        step_budget.iteration_budget(2.0, 1e-5, 0.015, 1.1, mode="guess")

@@ -34,7 +34,13 @@ def register() -> None:
     # Imported here: the package itself stays importable from anywhere in raydpfl's own
     # import order (the registry calls this while `raydpfl.config` may be loading).
     from raydpfl.papers.ali_dpfl.options import AdapDpFlConfig, AliDpflConfig, PeDpflConfig
+    from raydpfl.papers.ali_dpfl.theory import paper_compat_iteration_budget
+    from raydpfl.privacy.step_budget import register_step_budget_mode
     from raydpfl.registry.round_panels import RoundPanel, register_round_panel
+
+    # R_c as the authors' code computes it (rc_mode: paper_compat, and `raydpfl privacy
+    # steps --mode paper_compat`)
+    register_step_budget_mode("paper_compat", paper_compat_iteration_budget)
 
     loop = ("audit:dp_sgd_loop",)  # the shared DP-SGD loop: the audit's record canaries
     for name in ("ali_dpfl", "dp_fedavg_fixed_tau"):  # the fixed-τ baseline reads R_c's too
