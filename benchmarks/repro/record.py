@@ -813,8 +813,9 @@ def build(
                 f"({fig.relative_to(ROOT).as_posix()})",
                 "",
                 "The paper's number (x) against ours (y) for every cell run, with the "
-                "seed-to-seed std as a bar, coloured by label; the dashed band is ±3 points; "
-                "a hollow marker joined to a cell is the experiment its label rests on.",
+                "seed-to-seed std as a bar, coloured by label; the grey band is ±3 points "
+                "around the diagonal (ours = paper); a hollow marker joined to a cell is the "
+                "experiment its label rests on.",
                 "",
             ]
         bodies += body
