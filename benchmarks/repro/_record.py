@@ -91,7 +91,14 @@ def results_path() -> Path:
 
 #: What recording itself writes: a run's own rows do not make its tree dirty (otherwise the
 #: second row of a batch from a clean worktree would be refused or marked +dirty).
-RECORD_OUTPUTS = ("benchmarks/repro/results.jsonl", "REPRODUCTION.md", "benchmarks/results")
+RECORD_OUTPUTS = (
+    "benchmarks/repro/results.jsonl",
+    "REPRODUCTION.md",
+    "benchmarks/results",
+    "benchmarks/repro/figures",  # the record's figures and their data (record.py)
+    "benchmarks/repro/provenance.json",  # a dirty row accepted (--allow-dirty runs)
+    "raydpfl/papers/*/README.md",  # the papers' record sections (record.py)
+)
 
 
 def git_commit() -> str:

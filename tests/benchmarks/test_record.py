@@ -496,8 +496,11 @@ def test_the_records_own_outputs_do_not_make_a_tree_dirty(rec, tmp_path, monkeyp
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
 
-    (tmp_path / "benchmarks" / "repro").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "repro" / "figures").mkdir(parents=True)
     (tmp_path / "benchmarks" / "repro" / "results.jsonl").write_text("")
+    (tmp_path / "benchmarks" / "repro" / "figures" / "ali_dpfl.svg").write_text("")
+    (tmp_path / "raydpfl" / "papers" / "ali_dpfl").mkdir(parents=True)
+    (tmp_path / "raydpfl" / "papers" / "ali_dpfl" / "README.md").write_text("")
     (tmp_path / "REPRODUCTION.md").write_text("")
     (tmp_path / "code.py").write_text("x = 1\n")
     git("init", "-q")
@@ -507,6 +510,8 @@ def test_the_records_own_outputs_do_not_make_a_tree_dirty(rec, tmp_path, monkeyp
 
     (tmp_path / "benchmarks" / "repro" / "results.jsonl").write_text("{}\n")
     (tmp_path / "REPRODUCTION.md").write_text("table\n")
+    (tmp_path / "benchmarks" / "repro" / "figures" / "ali_dpfl.svg").write_text("<svg/>\n")
+    (tmp_path / "raydpfl" / "papers" / "ali_dpfl" / "README.md").write_text("record\n")
     assert not rec.git_commit().endswith("+dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert rec.git_commit().endswith("+dirty")
