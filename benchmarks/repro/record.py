@@ -39,6 +39,7 @@ dirty row not yet accepted (provenance.json) is refused unless ``--accept-dirty`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -641,11 +642,15 @@ def build(
             e = explanation_for(key, explanations)
             exps = experiments_on(key, experiment_groups, rules, record_commit)
             if in_family(e, key):
+                # an experiment on another cell of the family counts here, by its argument
                 assert e is not None
-                for other in e["family"]["cells"]:
-                    for k in {g[:6] for grp in experiment_groups for g in grp}:
-                        if k != key and _matches(other, k):
-                            exps += experiments_on(k, experiment_groups, rules, record_commit)
+                members = {g[:6] for grp in experiment_groups for g in grp} - {key}
+                for k in sorted(members, key=str):
+                    if any(_matches(m, k) for m in e["family"]["cells"]):
+                        exps += [
+                            dataclasses.replace(x, what=f"{x.what} [on {k[1]} {k[3]} {k[4]}]")
+                            for x in experiments_on(k, experiment_groups, rules, record_commit)
+                        ]
             v = _labels.verdict(p["mean"], p["std"], published, exps, threshold)
             label_counts[v.label] += 1
             tuned += v.tuned

@@ -185,6 +185,7 @@ def test_a_family_argument_carries_an_experiment_to_the_cells_it_covers(rec):
     text = record.render(rec.load_rows(), DOC | {"explanations": [family]})
     tau5 = next(line for line in text.splitlines() if line.startswith("| V | dir0.05 | tau5 "))
     assert "| explained (see *shared-trajectory* below) |" in tau5
+    assert "ours, R_c by rdp (553) [on V dir0.05 tau1]: 80.00 (n = 1), Δ -0.62" in tau5
     assert "Covers the family tau1/tau5 by this argument: both run one trajectory." in text
     with pytest.raises(ValueError, match="needs its 'argument'"):
         bare = {**family, "family": {"cells": family["family"]["cells"]}}
