@@ -220,6 +220,13 @@ def _explanation_line(e: dict[str, Any], counts: dict[str, int]) -> str:
     return f"- *{e['id']}* (cells citing it: {labels}): {e['text']}.{family}{link}"
 
 
+def _tuned_mark(paper: str, variant: str, rules: list[dict[str, Any]] | None) -> str:
+    """ " ‡" after a variant whose settings were chosen by test accuracy."""
+    if not variant or rules is None:
+        return ""
+    return " ‡" if _labels.settings_class(paper, variant, rules) == "test_tuned" else ""
+
+
 def _variant_label(variant: str) -> str:
     """A variant as a reader sees it: an ALI-DPFL-only change with nothing shared before
     it (``"; mu_estimator = code_torch"``) without the empty first clause."""
@@ -410,6 +417,7 @@ def authors_table(
     runner: str = "benchmarks/repro/authors_step.py",
     notes: str | None = "benchmarks/repro/notes/authors_step_differences.md",
     prov: dict[str, Any] | None = None,
+    rules: list[dict[str, Any]] | None = None,
 ) -> list[str]:
     """The rows of a paper's published code re-implemented (``source: authors' code``,
     written by ``runner``, its differences from our step in ``notes``), per cell and
@@ -437,7 +445,8 @@ def authors_table(
         ours = main.get((*key, "full"))
         out.append(
             f"| {f['table']} | {_md(f['setting'])} | {f['method']} | {_fmt_eps(f['epsilon'])} "
-            f"| {_md(k[6]) or '—'} | {_fmt(published)} | {value} | {delta} "
+            f"| {_md(k[6]) + _tuned_mark(f['paper'], k[6], rules) or '—'} | {_fmt(published)} "
+            f"| {value} | {delta} "
             f"| {_ours(pool(ours)) if ours else '—'} | {_schedule(v)} "
             f"| {commits(v, record_commit, prov)} |"
         )
@@ -739,6 +748,7 @@ def build(
                 meta.get("authors_runner", "benchmarks/repro/authors_step.py"),
                 meta.get("differences"),
                 prov,
+                rules,
             )
             body += differences_table(meta.get("differences"))
         if nogap:
@@ -755,6 +765,9 @@ def build(
             body += [
                 "### Variants and studies",
                 "",
+                "‡ after a variant: its settings were chosen by test accuracy (`settings` in "
+                "paper_cells.json).",
+                "",
                 "| table | setting | method | ε | variant | paper | ours | Δ | rounds run "
                 "| commits |",
                 "|---|---|---|---|---|---|---|---|---|---|",
@@ -766,7 +779,8 @@ def build(
                 delta = "—" if published is None else f"{p['mean'] - float(published):+.2f}"
                 body.append(
                     f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
-                    f"{_fmt_eps(f['epsilon'])} | {_md(_variant_label(k[6]))} | "
+                    f"{_fmt_eps(f['epsilon'])} | "
+                    f"{_md(_variant_label(k[6])) + _tuned_mark(paper, k[6], rules)} | "
                     f"{_fmt(published)} | {_ours(p)}"
                     f"{'' if all(r.get('dp', True) for r in v) else ' (*not DP*)'} "
                     f"| {delta} | {_schedule(v)} | {commits(v, record_commit, prov)} |"
