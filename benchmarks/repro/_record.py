@@ -91,7 +91,14 @@ def results_path() -> Path:
 
 #: What recording itself writes: a run's own rows do not make its tree dirty (otherwise the
 #: second row of a batch from a clean worktree would be refused or marked +dirty).
-RECORD_OUTPUTS = ("benchmarks/repro/results.jsonl", "REPRODUCTION.md", "benchmarks/results")
+RECORD_OUTPUTS = (
+    "benchmarks/repro/results.jsonl",
+    "REPRODUCTION.md",
+    "benchmarks/results",
+    "benchmarks/repro/figures",  # the record's figures and their data (record.py)
+    "benchmarks/repro/provenance.json",  # a dirty row accepted (--allow-dirty runs)
+    "raydpfl/papers/*/README.md",  # the papers' record sections (record.py)
+)
 
 
 def git_commit() -> str:
@@ -246,7 +253,10 @@ def record(**fields: Any) -> None:
         # agree), so a runner's new row never leaves the two out of step.
         import record as _regenerate  # sibling module; imported here: it imports this one
 
-        _regenerate.main([])
+        # a +dirty row exists only because the runner was told --allow-dirty: that is the
+        # ask record.py needs before it accepts a row no commit reproduces
+        dirty = str(load_rows(path)[-1].get("commit") or "").endswith("+dirty")
+        _regenerate.main(["--accept-dirty"] if dirty else [])
 
 
 def load_rows(path: Path | None = None) -> list[dict[str, Any]]:

@@ -1,36 +1,45 @@
-"""Regenerates REPRODUCTION.md from the reproduction record.
+"""Regenerates REPRODUCTION.md and its figures from the reproduction record.
 
-    python benchmarks/repro/record.py            # writes REPRODUCTION.md at the repository root
-    python benchmarks/repro/record.py --check    # exit 1 if REPRODUCTION.md is out of date
+    python benchmarks/repro/record.py            # REPRODUCTION.md + benchmarks/repro/figures/
+    python benchmarks/repro/record.py --check    # exit 1 if either is out of date
     python benchmarks/repro/record.py --results R.jsonl --cells C.json --out OUT.md
+    python benchmarks/repro/record.py --import-rows ../run/benchmarks/repro/results.jsonl
+    python benchmarks/repro/record.py --provenance   # which commits lack their rows' script
+    python benchmarks/repro/record.py --accept-dirty # record new +dirty rows, marked
 
 Inputs: the rows the runners append to benchmarks/repro/results.jsonl (schema in
-``_record.py``) and the papers' cells in benchmarks/repro/paper_cells.json (values
-transcribed from shared/specs, with the seed line and spec section of each, and the known
-explanations of gaps). Per paper it writes a table of ours beside the paper's, with Δ =
-ours − paper; every gap over ``gap_threshold`` points (3) carries the explanation that
-matches it, linked to the experiment that shows it, or **unexplained**. Rows of one cell
-with the same schedule are pooled over seeds (mean ± sample std; a run repeated at several
-commits counts once, its row at the record commit preferred, else its latest). A non-DP ablation (a
-published step that is not DP, ``dp: false``) is shown beside ours, labelled *not DP*;
-variants and studies (``variant`` set) get their own table, and so do ablations of our own
-pipeline that are not DP (``noise-free``), labelled *not DP* there; rows of a paper's
-published code re-implemented (``source: "authors' code"``, written by the paper's
-``authors_runner``) get theirs, beside the paper's number and ours, never pooled with
-ours; cells with no row at all are listed as never run. The output depends only on the
-two files, so it is deterministic.
+``_record.py``), the papers' cells in benchmarks/repro/paper_cells.json (values
+transcribed from shared/specs, with the seed line and spec section of each, the
+explanations of gaps and the class of every variant's settings) and
+benchmarks/repro/provenance.json (`_provenance`). Per paper it writes a table of ours
+beside the paper's, with Δ = ours − paper and the cell's label, computed from the
+experiments recorded on that cell (`_labels`: within, explained, explained not DP, partly
+explained, tried, unexplained; defined at the top of the output), with the explanation
+that speaks to the cell, and a figure of the paper's number against ours (`_figures`).
+Rows of one cell with the same schedule are pooled over seeds (mean ± sample std; a run
+repeated at several commits counts once, its row at the record commit preferred, else its
+latest). A non-DP ablation (a published step that is not DP, ``dp: false``) is shown
+beside ours, labelled *not DP*; variants and studies (``variant`` set) get their own
+table, and so do ablations of our own pipeline that are not DP (``noise-free``), labelled
+*not DP* there; rows of a paper's published code re-implemented (``source: "authors'
+code"``, written by the paper's ``authors_runner``) get theirs, beside the paper's number
+and ours, never pooled with ours; cells with no row at all are listed as never run. The
+output depends only on the three files, so it is deterministic.
 
-Provenance: every table names the commits its pooled rows were made at (``+dirty``: an
-uncommitted tree, which no commit reproduces), and marks with † a commit other than the
-record commit (``record_commit`` in paper_cells.json). The headline rows (``headlines``:
-the numbers README quotes) get a table of their own at the top: each pooled over its rows
-at the record commit only, or flagged as not yet re-run there, with where its numbers
-come from instead.
+Provenance: every table names the commits its pooled rows were made at, marks with † a
+commit other than the record commit (``record_commit`` in paper_cells.json), with § a row
+from an uncommitted tree (``+dirty``) and with ¶ one whose commit lacks the script that
+made it: no commit reproduces those two. The headline rows (``headlines``: the numbers
+README quotes) get a table of their own at the top: each pooled over its reproducible
+rows at the record commit only, or flagged as not yet re-run there, with where its
+numbers come from instead; rows no commit reproduces are left out of them and counted. A
+dirty row not yet accepted (provenance.json) is refused unless ``--accept-dirty``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -43,6 +52,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
+import _figures  # noqa: E402
+import _labels  # noqa: E402
+import _provenance  # noqa: E402
 import _record  # noqa: E402
 
 CELLS = HERE / "paper_cells.json"
@@ -138,26 +150,81 @@ def _matches(match: dict[str, Any], key: tuple) -> bool:
     return True
 
 
-def explain(key: tuple, explanations: list[dict[str, Any]], reduced: bool) -> tuple[str, Any]:
-    """The verdict on a gap over the threshold and the explanation it cites (or None)."""
+def explanation_for(key: tuple, explanations: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first explanation whose ``match`` (or ``family``) takes the cell, or None.
+    An explanation does not say how well it explains: the label is computed
+    (`_labels.verdict`); one that still carries a ``status`` is refused."""
     for e in explanations:
+        if "status" in e:
+            raise ValueError(
+                f"explanation {e['id']!r} declares a status; labels are computed from the "
+                "experiments on each cell (benchmarks/repro/_labels.py): drop 'status'"
+            )
+        if "family" in e and not e["family"].get("argument"):
+            raise ValueError(f"explanation {e['id']!r}: a family needs its 'argument'")
         if _matches(e["match"], key):
-            ref = f"see *{e['id']}* below"
-            if e["status"] == "explained":
-                return f"explained ({ref})", e
-            if e["status"] == "partial":
-                return f"partly explained ({ref}); the rest **unexplained**", e
-            if e["status"] == "tried":
-                return f"**unexplained** (tried: {ref})", e
-            return f"attributed, not tested on this cell ({ref})", e
-    if reduced:
-        return "**unexplained** (our schedule is reduced; not tested whether that is why)", None
-    return "**unexplained**", None
+            return e
+    return None
 
 
-def _explanation_line(e: dict[str, Any]) -> str:
+def in_family(e: dict[str, Any] | None, key: tuple) -> bool:
+    return bool(e and "family" in e and any(_matches(m, key) for m in e["family"]["cells"]))
+
+
+def label_text(v: _labels.Verdict, e: dict[str, Any] | None, reduced: bool) -> str:
+    """The label as the table shows it: bold where nothing explains the gap, ‡ where the
+    experiment it rests on was chosen by test accuracy, and the explanation it cites."""
+    text = _labels.LABEL_TEXT[v.label]
+    if v.label in ("unexplained", "tried"):
+        text = f"**{text}**"
+    if v.tuned:
+        text += " ‡"
+    if reduced and v.label in ("unexplained", "tried"):
+        text += " (our schedule is reduced; not tested whether that is why)"
+    if e is not None and v.label != "within":
+        text += f" (see *{e['id']}* below)"
+    return text
+
+
+def _experiment(b: _labels.Experiment, published: float) -> str:
+    spread = f" ± {b.std:.2f}" if b.std is not None else ""
+    dp = "" if b.dp else ", *not DP*"
+    tuned = " ‡" if b.settings == "test_tuned" else ""
+    return (
+        f"{_md(b.what)}{tuned}: {b.mean:.2f}{spread} (n = {b.n}{dp}), Δ {b.mean - published:+.2f}"
+    )
+
+
+def experiment_text(v: _labels.Verdict, published: float) -> str:
+    """The experiment a label rests on, and the one nearest the paper where that is
+    another (e.g. one at a test-tuned C that lands, beside the untuned one that moves)."""
+    if v.best is None:
+        return "—"
+    text = _experiment(v.best, published)
+    if v.closest is not None:
+        text += f"; nearest: {_experiment(v.closest, published)}"
+    return text
+
+
+def _explanation_line(e: dict[str, Any], counts: dict[str, int]) -> str:
     link = f" Experiment: [{e['link']}]({e['link']})." if e.get("link") else ""
-    return f"- *{e['id']}* ({e['status']}): {e['text']}.{link}"
+    labels = ", ".join(
+        f"{_labels.LABEL_TEXT[k]} {counts[k]}" for k in _labels.LABELS if counts.get(k)
+    )
+    family = (
+        f" Covers the family {e['family'].get('name', '')} by this argument: "
+        f"{e['family']['argument']}."
+        if "family" in e
+        else ""
+    )
+    return f"- *{e['id']}* (cells citing it: {labels}): {e['text']}.{family}{link}"
+
+
+def _tuned_mark(paper: str, variant: str, rules: list[dict[str, Any]] | None) -> str:
+    """ " ‡" after a variant whose settings were chosen by test accuracy."""
+    if not variant or rules is None:
+        return ""
+    return " ‡" if _labels.settings_class(paper, variant, rules) == "test_tuned" else ""
 
 
 def _variant_label(variant: str) -> str:
@@ -170,17 +237,29 @@ def _short(commit: Any) -> str:
     return "unknown" if not commit else str(commit)
 
 
-def commits(rows: list[dict[str, Any]], record_commit: str | None) -> str:
+def commits(
+    rows: list[dict[str, Any]], record_commit: str | None, prov: dict[str, Any] | None = None
+) -> str:
     """The commits `rows` were made at, with how many rows each, in first-seen order; a
-    commit other than `record_commit` is marked † (an unknown one too)."""
+    commit other than `record_commit` is marked † (an unknown one too), and rows no commit
+    reproduces are marked § (``+dirty``) or ¶ (the commit lacks the script that made
+    them; `_provenance`)."""
+    prov = prov or {}
+    absent = set(prov.get("script_absent", []))
     counts: dict[str, int] = {}
     for r in rows:
         c = _short(r.get("commit"))
+        if _provenance.is_dirty(r):
+            c += " §"
+        if _provenance.pair(r) in absent:
+            c += " ¶"
         counts[c] = counts.get(c, 0) + 1
-    return ", ".join(
-        f"{c}{'' if record_commit and c == record_commit else ' †'} ({n})"
-        for c, n in counts.items()
-    )
+    out = []
+    for c, n in counts.items():
+        base = c.split(" ")[0]
+        mark = "" if record_commit and base == record_commit else " †"
+        out.append(f"{base}{mark}{c[len(base) :]} ({n})")
+    return ", ".join(out)
 
 
 def _headline_rows(h: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,10 +280,15 @@ def _headline_rows(h: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
     return out
 
 
-def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]:
+def headline_table(
+    rows: list[dict[str, Any]], doc: dict[str, Any], prov: dict[str, Any] | None = None
+) -> list[str]:
     """The numbers README quotes, each pooled over its rows at the record commit, or
     flagged with where its rows come from when it has none there (and why, where the
-    headline's ``elsewhere_because`` says the record commit cannot make that row)."""
+    headline's ``elsewhere_because`` says the record commit cannot make that row). Rows
+    no commit reproduces (``+dirty``, or a commit without their script) are never pooled
+    here: they are counted as left out."""
+    prov = prov or {}
     record_commit = doc.get("record_commit")
     headlines = doc.get("headlines", [])
     if not headlines:
@@ -217,13 +301,18 @@ def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]
         "rerun the command to get the same rows. Each is pooled over its rows made at that "
         "commit only (mean ± sample std over seeds). A headline not yet re-run there is "
         "flagged, with its number pooled over the rows made elsewhere and their commits "
-        "(re-run at the record commit as time allows: some cost hours on two cores).",
+        "(re-run at the record commit as time allows: some cost hours on two cores). Rows "
+        "that no commit reproduces (§ `+dirty`, ¶ a commit without the script) are never "
+        "pooled into a headline; the last column counts those left out.",
         "",
-        "| headline | paper | at record commit | status | elsewhere: ours (commit, rows) |",
-        "|---|---|---|---|---|",
+        "| headline | paper | at record commit | status | elsewhere: ours (commit, rows) "
+        "| not reproducible, left out |",
+        "|---|---|---|---|---|---|",
     ]
     for h in headlines:
-        mine = _headline_rows(h, rows)
+        named = _headline_rows(h, rows)
+        mine = [r for r in named if _provenance.reproducible(r, prov)]
+        left_out = [r for r in named if not _provenance.reproducible(r, prov)]
         at = [r for r in mine if r.get("commit") == record_commit]
         other = one_per_seed([r for r in mine if r.get("commit") != record_commit], None)
         published = next(
@@ -250,7 +339,7 @@ def headline_table(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[str]
             f"| {_md(h['label'])} | {_fmt(published)} | {_ours(pooled) if pooled else '—'} | "
             f"{status} | "
             + (f"{_ours(pool(other))} ({commits(other, record_commit)})" if other else "—")
-            + " |"
+            + f" | {commits(left_out, record_commit, prov) if left_out else '—'} |"
         )
     return [*out, ""]
 
@@ -327,6 +416,8 @@ def authors_table(
     record_commit: str | None = None,
     runner: str = "benchmarks/repro/authors_step.py",
     notes: str | None = "benchmarks/repro/notes/authors_step_differences.md",
+    prov: dict[str, Any] | None = None,
+    rules: list[dict[str, Any]] | None = None,
 ) -> list[str]:
     """The rows of a paper's published code re-implemented (``source: authors' code``,
     written by ``runner``, its differences from our step in ``notes``), per cell and
@@ -354,9 +445,10 @@ def authors_table(
         ours = main.get((*key, "full"))
         out.append(
             f"| {f['table']} | {_md(f['setting'])} | {f['method']} | {_fmt_eps(f['epsilon'])} "
-            f"| {_md(k[6]) or '—'} | {_fmt(published)} | {value} | {delta} "
+            f"| {_md(k[6]) + _tuned_mark(f['paper'], k[6], rules) or '—'} | {_fmt(published)} "
+            f"| {value} | {delta} "
             f"| {_ours(pool(ours)) if ours else '—'} | {_schedule(v)} "
-            f"| {commits(v, record_commit)} |"
+            f"| {commits(v, record_commit, prov)} |"
         )
     return [*out, ""]
 
@@ -383,7 +475,55 @@ def differences_table(notes: str | None) -> list[str]:
     ]
 
 
-def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
+def render(
+    rows: list[dict[str, Any]], doc: dict[str, Any], prov: dict[str, Any] | None = None
+) -> str:
+    """REPRODUCTION.md's text (`build` without the figures' data)."""
+    return build(rows, doc, prov)[0]
+
+
+def experiments_on(
+    key: tuple,
+    groups: list[dict[tuple, list[dict[str, Any]]]],
+    rules: list[dict[str, Any]],
+    record_commit: str | None,
+) -> list[_labels.Experiment]:
+    """Every experiment recorded on the cell `key`: each (cell, variant) group of the
+    variants, not-DP steps and authors' code rows, pooled one row per seed."""
+    out = []
+    for g in groups:
+        for k, v in g.items():
+            if k[:6] != key:
+                continue
+            variant = k[6]
+            source = v[0].get("source") or "run"
+            who = "authors' code" if source == AUTHORS_SOURCE else "ours"
+            what = who + (f", {_variant_label(variant)}" if variant else "")
+            p = pool(v, record_commit)
+            out.append(
+                _labels.pooled_experiment(
+                    what,
+                    [float(r["ours"]) for r in p["rows"]],
+                    all(r.get("dp", True) for r in v),
+                    _labels.settings_class(key[0], variant, rules),
+                    key,
+                )
+            )
+    return out
+
+
+def build(
+    rows: list[dict[str, Any]], doc: dict[str, Any], prov: dict[str, Any] | None = None
+) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    """(REPRODUCTION.md's text, {"figures": per paper the figure's points: every run cell
+    with a published number, ours with its seed spread, its label and the experiment it
+    rests on; "counts": per paper the summary row's counts}).
+    `prov` is provenance.json's content (`_provenance`; none: every row counts as
+    reproducible)."""
+    prov = prov or {}
+    rules = doc.get("settings", [])
+    figures: dict[str, list[dict[str, Any]]] = {}
+    counts: dict[str, dict[str, int]] = {}
     threshold = float(doc.get("gap_threshold", 3.0))
     record_commit = doc.get("record_commit")
     explanations = doc.get("explanations", [])
@@ -398,22 +538,32 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         "`benchmarks/repro/paper_cells.json` (the papers' numbers, transcribed from "
         "`shared/specs`). Do not edit by hand: rerun a runner, then this command.",
         "",
-        f"Δ = ours − paper, in points. A gap over {threshold:g} points carries the experiment "
-        "that explains it or **unexplained**. *not DP* marks an ablation that runs a published "
-        "step which is not differentially private: it explains a number, it does not "
-        "reproduce its guarantee. Results are reported as measured, including where they "
+        "Δ = ours − paper, in points; every cell run gets a label (below), and the "
+        "experiment it rests on is named beside it. *not DP* marks an ablation that runs a "
+        "published step which is not differentially private: it explains a number, it does "
+        "not reproduce its guarantee. Results are reported as measured, including where they "
         "disagree with the papers.",
         "",
+        *_labels.DEFINITIONS,
+        "",
         "Commits: each table names the commits its pooled rows were made at, with how many "
-        f"rows each; † marks a commit other than the record commit `{record_commit}`, and "
-        "`+dirty` an uncommitted tree (no commit reproduces such a row exactly).",
+        f"rows each; † marks a commit other than the record commit `{record_commit}`. Rows no "
+        "commit reproduces are marked: § `+dirty` (an uncommitted tree) and ¶ a commit that "
+        "does not contain the script that made the row (`benchmarks/repro/provenance.json`). "
+        "They are shown as measured in the paper tables, counted in the summary, and never "
+        "pooled into a headline.",
         "",
     ]
     by_paper: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_paper[r["paper"]].append(r)
-    summary = ["| paper | cells transcribed | cells run | gaps > 3 | unexplained | never run |"]
-    summary.append("|---|---|---|---|---|---|")
+    summary = [
+        "| paper | cells transcribed | cells run | "
+        + " | ".join(_labels.LABEL_TEXT[k] for k in _labels.LABELS)
+        + " | of which ‡ test-tuned | never run | run cells pooling a row no commit "
+        "reproduces |"
+    ]
+    summary.append("|---" * (len(_labels.LABELS) + 6) + "|")
     bodies: list[str] = []
     for paper in PAPER_ORDER:
         info = doc["papers"][paper]
@@ -443,6 +593,7 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         for groups in (main, notdp, variants, authors):
             for k, v in groups.items():
                 groups[k] = one_per_seed(v, record_commit)
+        experiment_groups = [notdp, variants, authors]
         body = [f"## {info['title']}", ""]
         body.append(
             f"Seed `{info['seed']}`, spec `{info['spec']}`, runner `{info['runner']}`. "
@@ -454,12 +605,15 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         # Cells with a published number and our DP run of the paper's configuration.
         table = [
             "| table | setting | method | ε | paper | ours | Δ | rounds run of paper's "
-            "| paper's step, not DP | gap | commits |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| paper's step, not DP | label | experiment it rests on | commits |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         nogap: list[str] = []
         cited: dict[str, dict[str, Any]] = {}
-        gaps = unexplained = 0
+        cited_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        label_counts: dict[str, int] = dict.fromkeys(_labels.LABELS, 0)
+        tuned = not_reproducible = 0
+        points: list[dict[str, Any]] = []
         shown_notdp: set[tuple] = set()
         run_keys: set[tuple] = set()
         ablation_only: set[tuple] = set()
@@ -489,24 +643,63 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                     f"| {row_fields['table']} | {_md(row_fields['setting'])} | "
                     f"{row_fields['method']} | {_fmt_eps(row_fields['epsilon'])} | "
                     f"{ours_txt} | {group[0].get('metric')} | {_schedule(group)} | "
-                    f"{commits(group, record_commit)} |"
+                    f"{commits(group, record_commit, prov)} |"
                 )
                 continue
-            delta = p["mean"] - float(published)
-            gap = ""
-            if abs(delta) > threshold:
-                gaps += 1
-                gap, cited_e = explain(key, explanations, schedule != "full")
-                if cited_e is not None:
-                    cited[cited_e["id"]] = cited_e
-                if "**unexplained**" in gap:
-                    unexplained += 1
+            published = float(published)
+            delta = p["mean"] - published
+            e = explanation_for(key, explanations)
+            exps = experiments_on(key, experiment_groups, rules, record_commit)
+            if in_family(e, key):
+                # an experiment on another cell of the family counts here, by its argument
+                assert e is not None
+                members = {g[:6] for grp in experiment_groups for g in grp} - {key}
+                for k in sorted(members, key=str):
+                    if any(_matches(m, k) for m in e["family"]["cells"]):
+                        exps += [
+                            dataclasses.replace(x, what=f"{x.what} [on {k[1]} {k[3]} {k[4]}]")
+                            for x in experiments_on(k, experiment_groups, rules, record_commit)
+                        ]
+            v = _labels.verdict(p["mean"], p["std"], published, exps, threshold)
+            label_counts[v.label] += 1
+            tuned += v.tuned
+            if e is not None and v.label != "within":
+                cited[e["id"]] = e
+                cited_counts[e["id"]][v.label] += 1
+            pooled_rows = group + [r for _, val in nd for r in val]
+            if not all(_provenance.reproducible(r, prov) for r in p["rows"]):
+                not_reproducible += 1
             table.append(
                 f"| {row_fields['table']} | {_md(row_fields['setting'])} | "
                 f"{row_fields['method']} | {_fmt_eps(row_fields['epsilon'])} | "
-                f"{float(published):.2f} | {ours_txt} | {delta:+.2f} | {_schedule(group)} | "
-                f"{nd_txt or '—'} | {gap or '—'} | "
-                f"{commits(group + [r for _, v in nd for r in v], record_commit)} |"
+                f"{published:.2f} | {ours_txt} | {delta:+.2f} | {_schedule(group)} | "
+                f"{nd_txt or '—'} | {label_text(v, e, schedule != 'full')} | "
+                f"{experiment_text(v, published)} | "
+                f"{commits(pooled_rows, record_commit, prov)} |"
+            )
+            points.append(
+                {
+                    "table": row_fields["table"],
+                    "setting": row_fields["setting"],
+                    "method": row_fields["method"],
+                    "epsilon": row_fields["epsilon"],
+                    "paper": published,
+                    "ours": round(p["mean"], 4),
+                    "std": None if p["std"] is None else round(p["std"], 4),
+                    "n": p["n"],
+                    "label": v.label,
+                    "tuned": v.tuned,
+                    "reproducible": all(_provenance.reproducible(r, prov) for r in p["rows"]),
+                    "experiment": None
+                    if v.best is None
+                    else {
+                        "what": v.best.what,
+                        "mean": round(v.best.mean, 4),
+                        "std": None if v.best.std is None else round(v.best.std, 4),
+                        "n": v.best.n,
+                        "dp": v.best.dp,
+                    },
+                }
             )
         # Non-DP ablations whose cell has no DP run of ours.
         for k, v in sorted(notdp.items(), key=lambda kv: str(kv[0])):
@@ -521,15 +714,27 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
             table.append(
                 f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
                 f"{_fmt_eps(f['epsilon'])} | {_fmt(published)} | not run | — | "
-                f"{_schedule(v)} | {_ours(p)} (*not DP*: {_md(k[6])}); Δ {delta} | — | "
-                f"{commits(v, record_commit)} |"
+                f"{_schedule(v)} | {_ours(p)} (*not DP*: {_md(k[6])}); Δ {delta} | — | — | "
+                f"{commits(v, record_commit, prov)} |"
             )
         n_run = len({k for k in run_keys if k in paper_of})
         if len(table) > 2:
             body += ["### Ours beside the paper's", "", *table, ""]
+            if tuned:
+                body += [
+                    "‡: the experiment the label rests on uses a setting chosen by test "
+                    "accuracy (no ε in the record or the paper counts that choice).",
+                    "",
+                ]
+            if any(not pt["reproducible"] for pt in points):
+                body += [
+                    "§ / ¶ in a commits column: the cell pools a row no commit reproduces "
+                    "(`+dirty`, or a commit without the script); see the summary.",
+                    "",
+                ]
             if cited:
                 body += ["Gap explanations:", ""]
-                body += [_explanation_line(e) for e in cited.values()]
+                body += [_explanation_line(e, cited_counts[i]) for i, e in cited.items()]
                 body.append("")
         else:
             body += ["No cell of this paper has been run with a published number to compare.", ""]
@@ -542,6 +747,8 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 record_commit,
                 meta.get("authors_runner", "benchmarks/repro/authors_step.py"),
                 meta.get("differences"),
+                prov,
+                rules,
             )
             body += differences_table(meta.get("differences"))
         if nogap:
@@ -558,6 +765,9 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
             body += [
                 "### Variants and studies",
                 "",
+                "‡ after a variant: its settings were chosen by test accuracy (`settings` in "
+                "paper_cells.json).",
+                "",
                 "| table | setting | method | ε | variant | paper | ours | Δ | rounds run "
                 "| commits |",
                 "|---|---|---|---|---|---|---|---|---|---|",
@@ -569,10 +779,11 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
                 delta = "—" if published is None else f"{p['mean'] - float(published):+.2f}"
                 body.append(
                     f"| {f['table']} | {_md(f['setting'])} | {f['method']} | "
-                    f"{_fmt_eps(f['epsilon'])} | {_md(_variant_label(k[6]))} | "
+                    f"{_fmt_eps(f['epsilon'])} | "
+                    f"{_md(_variant_label(k[6])) + _tuned_mark(paper, k[6], rules)} | "
                     f"{_fmt(published)} | {_ours(p)}"
                     f"{'' if all(r.get('dp', True) for r in v) else ' (*not DP*)'} "
-                    f"| {delta} | {_schedule(v)} | {commits(v, record_commit)} |"
+                    f"| {delta} | {_schedule(v)} | {commits(v, record_commit, prov)} |"
                 )
             body.append("")
         ours_rows = [r for r in prow if r.get("source") != AUTHORS_SOURCE]
@@ -613,12 +824,88 @@ def render(rows: list[dict[str, Any]], doc: dict[str, Any]) -> str:
         body.append("")
         if prow:
             body += ["### How each number was made", "", *_commands(prow), ""]
+        figures[paper] = points
+        if points:
+            fig = _figures.figure_path(paper)
+            body[2:2] = [
+                f"![{paper}: the paper's number against ours, by label]"
+                f"({fig.relative_to(ROOT).as_posix()})",
+                "",
+                "The paper's number (x) against ours (y) for every cell run, with the "
+                "seed-to-seed std as a bar, coloured by label; the grey band is ±3 points "
+                "around the diagonal (ours = paper); a hollow marker joined to a cell is the "
+                "experiment its label rests on.",
+                "",
+            ]
         bodies += body
+        counts[paper] = {
+            **label_counts,
+            "tuned": tuned,
+            "transcribed": len(pcells),
+            "run": n_run,
+            "never": len(never),
+            "not_reproducible": not_reproducible,
+        }
         summary.append(
-            f"| {paper} | {len(pcells)} | {n_run} | {gaps} | {unexplained} | {len(never)} |"
+            f"| {paper} | {len(pcells)} | {n_run} | "
+            + " | ".join(str(label_counts[k]) for k in _labels.LABELS)
+            + f" | {tuned} | {len(never)} | {not_reproducible} |"
         )
-    lines += ["## Summary", "", *summary, "", *headline_table(rows, doc), *bodies]
-    return "\n".join(lines).rstrip() + "\n"
+    lines += ["## Summary", "", *summary, "", *headline_table(rows, doc, prov), *bodies]
+    text = "\n".join(lines).rstrip() + "\n"
+    return text, {"figures": figures, "counts": counts}
+
+
+README_BEGIN = "<!-- record:begin (written by python benchmarks/repro/record.py; do not edit) -->"
+README_END = "<!-- record:end -->"
+
+
+def _anchor(title: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def readme_block(paper: str, info: dict[str, Any], counts: dict[str, int]) -> str:
+    """The record section of a paper folder's README: the paper's summary row in words and
+    its figure, linked to REPRODUCTION.md (paths relative to the README)."""
+    up = "../" * (len(Path(info["readme"]).parts) - 1)
+    tuned = (
+        f" ({counts['tuned']} of them ‡: only at a setting chosen by test accuracy)"
+        if counts.get("tuned")
+        else ""
+    )
+    labels = ", ".join(
+        f"{counts[k]} {_labels.LABEL_TEXT[k]}" + (tuned if k == "partly" else "")
+        for k in _labels.LABELS
+        if counts.get(k)
+    )
+    lines = [
+        README_BEGIN,
+        "",
+        f"**In the record** ([REPRODUCTION.md]({up}REPRODUCTION.md#{_anchor(info['title'])})):"
+        f" {counts['transcribed']} cells transcribed, {counts['run']} run: {labels or 'none'}"
+        f"; {counts['never']} never run. {counts['not_reproducible']} of the cells run pool "
+        "a row that no commit reproduces (§ `+dirty` or ¶ a commit without its script). "
+        "The labels are defined at the top of REPRODUCTION.md.",
+        "",
+    ]
+    figure = _figures.figure_path(paper)
+    if counts["run"]:
+        lines += [
+            f"![{paper}: the paper's number against ours, by label]"
+            f"({up}{figure.relative_to(ROOT).as_posix()})",
+            "",
+        ]
+    return "\n".join([*lines, README_END])
+
+
+def with_readme_block(text: str, block: str, where: str) -> str:
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"{where} lacks the record markers ({README_BEGIN!r} ... {README_END!r})")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    return head + block + tail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -626,19 +913,108 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=_record.DEFAULT_RESULTS)
     p.add_argument("--cells", type=Path, default=CELLS)
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--check", action="store_true", help="exit 1 if --out is out of date")
+    p.add_argument("--provenance-file", type=Path, default=_provenance.PROVENANCE)
+    p.add_argument(
+        "--figures",
+        type=Path,
+        default=None,
+        help="folder of the per-paper figures and their data (default: "
+        "benchmarks/repro/figures/, or figures/ beside --out when --out is another file)",
+    )
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 if --out or a figure is out of date"
+    )
+    p.add_argument(
+        "--accept-dirty",
+        action="store_true",
+        help="accept the results' +dirty rows not yet accepted (listed in the provenance "
+        "file); without it a new dirty row is refused",
+    )
+    p.add_argument(
+        "--provenance",
+        action="store_true",
+        help="recompute from git which rows name a commit without the script that made them",
+    )
+    p.add_argument(
+        "--import-rows",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="first append the rows of another results.jsonl (a worktree's, after a long "
+        "run) that this one lacks; exact duplicates are skipped",
+    )
     args = p.parse_args(argv)
+    if args.import_rows is not None:
+        if args.check:
+            p.error("--check does not write: drop --import-rows")
+        have = {_provenance.digest(r) for r in _record.load_rows(args.results)}
+        new = [r for r in _record.load_rows(args.import_rows) if _provenance.digest(r) not in have]
+        _record.append_rows(new, args.results)
+        print(f"imported {len(new)} row(s) from {args.import_rows}")
+    if args.figures is None:
+        same = args.out.resolve() == OUT.resolve()
+        args.figures = _figures.FIGURES if same else args.out.parent / "figures"
     doc = json.loads(args.cells.read_text(encoding="utf-8"))
-    text = render(_record.load_rows(args.results), doc)
+    rows = _record.load_rows(args.results)
+    prov = _provenance.load(args.provenance_file)
+    new_dirty = _provenance.unaccepted_dirty(rows, prov)
+    if args.provenance or (args.accept_dirty and new_dirty):
+        if args.check:
+            p.error("--check does not write: drop --provenance / --accept-dirty")
+        if args.provenance:
+            absent, unknown = _provenance.absent_scripts(rows, ROOT)
+            if unknown:
+                print(f"record.py: error: commits not in this repository: {unknown}",
+                      file=sys.stderr)  # fmt: skip
+                return 2
+            prov["script_absent"] = absent
+        if args.accept_dirty:
+            prov["accepted_dirty"] = [
+                *prov.get("accepted_dirty", []),
+                *(_provenance.digest(r) for r in new_dirty),
+            ]
+        _provenance.save(prov, args.provenance_file)
+        prov = _provenance.load(args.provenance_file)
+        new_dirty = _provenance.unaccepted_dirty(rows, prov)
+    if new_dirty:
+        print(
+            f"record.py: error: {len(new_dirty)} row(s) from an uncommitted tree (+dirty, "
+            f"first: {new_dirty[0]['paper']} {new_dirty[0]['table']} {new_dirty[0]['method']} "
+            f"at {new_dirty[0]['commit']}); rerun from a worktree of a commit, or pass "
+            "--accept-dirty to record them as not reproducible",
+            file=sys.stderr,
+        )
+        return 2
+    text, made = build(rows, doc, prov)
+    titles = {k: v["title"] for k, v in doc["papers"].items()}
+    files = {args.out: text, **_figures.outputs(made["figures"], titles, args.figures)}
+    if args.out.resolve() == OUT.resolve():
+        # the paper folders' READMEs carry their record section (only for the real record)
+        for paper, info in doc["papers"].items():
+            if info.get("readme"):
+                path = ROOT / info["readme"]
+                block = readme_block(paper, info, made["counts"][paper])
+                files[path] = with_readme_block(
+                    path.read_text(encoding="utf-8"), block, info["readme"]
+                )
     if args.check:
-        current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
-        if current != text:
-            print(f"{args.out} is out of date: run python benchmarks/repro/record.py")
+        stale = [
+            path
+            for path, content in files.items()
+            if not path.exists() or path.read_text(encoding="utf-8") != content
+        ]
+        if stale:
+            print(
+                f"{', '.join(str(s) for s in stale)} out of date: run python "
+                "benchmarks/repro/record.py"
+            )
             return 1
-        print(f"{args.out} is up to date")
+        print(f"{args.out} and its figures are up to date")
         return 0
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}")
+    for path, content in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+    print(f"wrote {args.out}, its figures and the papers' record sections ({len(files)} files)")
     return 0
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from raydpfl.report.labels import column_label, param_label, param_title
+from raydpfl.report.panels import RoundPanel, known_panels
 from raydpfl.report.runs import Run, fairness_by_round, last_round_accuracies
 
 __all__ = [
@@ -489,63 +490,6 @@ def _drawn_elsewhere(column: str) -> bool:
     return column in STANDARD_COLUMNS or column.startswith(FAIRNESS_PREFIX)
 
 
-@dataclass(frozen=True)
-class RoundPanel:
-    """One panel of round_metrics.png: related rounds.parquet columns on one axis."""
-
-    title: str
-    ylabel: str
-    columns: tuple[str, ...] = ()
-    prefixes: tuple[str, ...] = ()
-    names: Mapping[str, str] | None = None  # legend names of the columns
-    log_ok: bool = True  # may switch to a log scale when values span > 2 decades
-
-    def matches(self, column: str) -> bool:
-        return column in self.columns or column.startswith(self.prefixes)
-
-
-KNOWN_PANELS: tuple[RoundPanel, ...] = (
-    RoundPanel(
-        "Local steps per round (τ for ALI-DPFL)",
-        "local DP-SGD steps",
-        ("local_steps", "tau", "tau_raw", "tau_next"),
-        names={
-            "local_steps": "steps run",
-            "tau": "τ used",
-            "tau_raw": "τ* (unrounded)",
-            "tau_next": "τ planned next",
-        },
-        log_ok=False,
-    ),
-    RoundPanel("Smoothness estimate μ (ALI-DPFL)", "μ", ("mu",)),
-    RoundPanel("γ (ALI-DPFL)", "γ", ("gamma",)),
-    RoundPanel(
-        "DP-SGD iterations (ALI-DPFL)",
-        "iterations",
-        ("iterations_done", "tau_T"),
-        names={"iterations_done": "done", "tau_T": "total T"},
-        log_ok=False,
-    ),
-    RoundPanel("Fairness weight λ", "λ", ("lambda", "lam", "lambda_star", "lambda_next")),
-    RoundPanel("Ψ recorded by the algorithm", "Ψ", ("psi",)),
-    RoundPanel(
-        "Noise multiplier σ",
-        "σ",
-        ("noise_multiplier", "noise_multiplier_next"),
-        names={"noise_multiplier": "used", "noise_multiplier_next": "next"},
-    ),
-    RoundPanel("Clip norm", "C", ("clip_norm_mean", "clip_norm")),
-    RoundPanel("Client selection", "value", prefixes=("select", "num_selected", "participation")),
-    RoundPanel("Clusters", "value", prefixes=("cluster",)),
-    RoundPanel("Training loss (client mean)", "loss", ("train_loss", "schedule_loss")),
-    RoundPanel("Fraction of per-example gradients clipped", "fraction", ("clipped_fraction",)),
-    RoundPanel("Mean realised Poisson batch size", "examples", ("mean_batch_size",), log_ok=False),
-    RoundPanel(
-        "Clients refused (budget exhausted)", "clients", ("clients_refused",), log_ok=False
-    ),
-)
-
-
 def _varies(runs: Sequence[Run], column: str) -> bool:
     values = [r.rounds[column] for r in runs if column in r.rounds]
     allv = np.concatenate(values) if values else np.empty(0)
@@ -556,8 +500,9 @@ def _varies(runs: Sequence[Run], column: str) -> bool:
 def round_metric_panels(runs: Sequence[Run]) -> tuple[list[RoundPanel], dict[str, float]]:
     """Panels for the optional rounds.parquet columns present in any run.
 
-    Known columns (ALI-DPFL τ/μ, λ, σ schedules, selection, clusters, training
-    statistics) are grouped; any other numeric column gets a panel of its own, named by
+    Known columns (local steps and τ, the panels papers and plug-ins register through
+    `raydpfl.report.panels.register_round_panel`, σ schedules, selection, clusters,
+    training statistics) are grouped; any other numeric column gets a panel of its own, named by
     `column_label`. Columns with one value throughout (every run, every round) are not
     drawn, nor are columns another figure shows (`_drawn_elsewhere`).
 
@@ -582,8 +527,8 @@ def round_metric_panels(runs: Sequence[Run]) -> tuple[list[RoundPanel], dict[str
                 constants[c] = float(vals[0])
     panels: list[RoundPanel] = []
     used: set[str] = set()
-    for panel in KNOWN_PANELS:
-        cols = tuple(c for c in varying if panel.matches(c))
+    for panel in known_panels():
+        cols = tuple(c for c in varying if panel.matches(c) and c not in used)
         if panel.columns:  # keep the panel's own column order
             cols = tuple(c for c in panel.columns if c in cols) + tuple(
                 c for c in cols if c not in panel.columns
@@ -635,7 +580,7 @@ def draw_round_metrics(runs: Sequence[Run], styles: Sequence[Style], panels: Seq
                     continue
                 y = run.rounds[col]
                 if any(np.array_equal(y, p, equal_nan=True) for p in plotted):
-                    continue  # e.g. ALI-DPFL's local_steps is τ: draw it once
+                    continue  # two columns with the same values (local_steps = τ): draw once
                 plotted.append(y)
                 shown.add(col)
                 ok = np.isfinite(y)

@@ -6,6 +6,18 @@ from raydpfl import registry
 #: Why the audit refuses every private algorithm here.
 _NOT_AUDITED = "its full-batch noisy step (Laplace or Gaussian) is not the DP-SGD loop"
 
+#: Where this paper's material lives outside this folder, relative to the repository root
+#: (the presets, the reproduction runners, their notes, the tests, the record's figure):
+#: the folder names it here, and tests/benchmarks/test_paper_material.py checks the shape.
+MATERIAL: dict[str, str | tuple[str, ...]] = {
+    "readme": "raydpfl/papers/dpfl_bcs/README.md",
+    "presets": ("configs/dpfl_bcs",),
+    "runners": ("benchmarks/repro/dpfl_bcs.py",),
+    "notes": (),
+    "tests": ("tests/papers/dpfl_bcs", "tests/benchmarks/test_dpfl_bcs_runner.py"),
+    "figure": "benchmarks/repro/figures/dpfl_bcs.svg",
+}
+
 
 def register() -> None:
     """Registers DPFL-BCS's algorithms and models (the ``raydpfl.plugins`` entry point

@@ -10,6 +10,19 @@ _NOT_AUDITED = {
 }
 
 
+#: Where this paper's material lives outside this folder, relative to the repository root
+#: (the presets, the reproduction runners, their notes, the tests, the record's figure):
+#: the folder names it here, and tests/benchmarks/test_paper_material.py checks the shape.
+MATERIAL: dict[str, str | tuple[str, ...]] = {
+    "readme": "raydpfl/papers/rc_dpfl/README.md",
+    "presets": ("configs/rc_dpfl",),
+    "runners": ("benchmarks/repro/rc_dpfl.py",),
+    "notes": (),
+    "tests": ("tests/papers/rc_dpfl", "tests/benchmarks/test_rc_dpfl_runner.py"),
+    "figure": "benchmarks/repro/figures/rc_dpfl.svg",
+}
+
+
 def register() -> None:
     """Registers RC-DPFL's algorithms and models (the ``raydpfl.plugins`` entry point
     calls it)."""
