@@ -681,6 +681,28 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
             return weight_rule, False
         return weight_rule, True
 
+    def _release_args(
+        self, batch: SampledBatch, weight_rule: WeightRule | None, divisor: float
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Completes the open invocation of `batch` and returns what the step's arithmetic
+        takes: the worker's engine, the gathered records, and the keyword arguments at
+        this mechanism's C and σ (the noise from its stream)."""
+        session = self._bound()
+        positions = self._positions(batch, open_only=True)
+        rule, check = self._rule(weight_rule)
+        x, y = session._records._gather(positions)  # type: ignore[union-attr]
+        self._complete(True, "")
+        m = self.mechanism
+        kwargs = dict(
+            clip_norm=m.clip_norm,
+            noise_multiplier=m.noise_multiplier,
+            expected_batch_size=divisor,
+            generator=self._generator,
+            weight_rule=rule,
+            check_bound=check,
+        )
+        return session._engine, x, y, kwargs
+
     def step_(
         self,
         params: Params,
@@ -692,26 +714,8 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
     ) -> ReleasedStepStats:
         """The in-place DP-SGD step on `batch` at this mechanism's C and σ (the platform's
         `dpsgd.dp_sgd_step_`): w ← w − (lr/divisor)·(Σ_i a_i g_i + N(0, σ²C²))."""
-        session = self._bound()
-        positions = self._positions(batch, open_only=True)
-        rule, check = self._rule(weight_rule)
-        x, y = session._records._gather(positions)  # type: ignore[union-attr]
-        self._complete(True, "")
-        m = self.mechanism
-        stats = dp_sgd_step_(
-            session._engine,
-            params,
-            x,
-            y,
-            lr=lr,
-            clip_norm=m.clip_norm,
-            noise_multiplier=m.noise_multiplier,
-            expected_batch_size=divisor,
-            generator=self._generator,
-            weight_rule=rule,
-            check_bound=check,
-        )
-        return ReleasedStepStats(self, stats)
+        engine, x, y, kwargs = self._release_args(batch, weight_rule, divisor)
+        return ReleasedStepStats(self, dp_sgd_step_(engine, params, x, y, lr=lr, **kwargs))
 
     def gradient(
         self,
@@ -723,24 +727,8 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
     ) -> tuple[Params, ReleasedStepStats]:
         """The privatised gradient of `batch`, (Σ_i a_i g_i + N(0, σ²C²)) / divisor
         (`dpsgd.dp_sgd_gradient`), for an update rule of the algorithm's own."""
-        session = self._bound()
-        positions = self._positions(batch, open_only=True)
-        rule, check = self._rule(weight_rule)
-        x, y = session._records._gather(positions)  # type: ignore[union-attr]
-        self._complete(True, "")
-        m = self.mechanism
-        grad, stats = dp_sgd_gradient(
-            session._engine,
-            params,
-            x,
-            y,
-            clip_norm=m.clip_norm,
-            noise_multiplier=m.noise_multiplier,
-            expected_batch_size=divisor,
-            generator=self._generator,
-            weight_rule=rule,
-            check_bound=check,
-        )
+        engine, x, y, kwargs = self._release_args(batch, weight_rule, divisor)
+        grad, stats = dp_sgd_gradient(engine, params, x, y, **kwargs)
         return grad, ReleasedStepStats(self, stats)
 
     def batch_loss(self, params: Params, batch: SampledBatch) -> float:

@@ -34,14 +34,9 @@ from raydpfl.privacy.mechanisms.kernel import (
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cheats
 
+from tests.simulation.test_privacy_contract import QUICK
+
 ROOT = Path(__file__).resolve().parents[3]
-QUICK = [
-    "runtime.backend=local",
-    "experiment.algorithm.rounds=2",
-    "experiment.data.num_clients=10",
-    "experiment.algorithm.clients_per_round=4",
-    "experiment.algorithm.local_steps=2",
-]
 CLIENT_LEVEL = ROOT / "configs/client_level/dp_fedavg_client_synthetic.yaml"
 
 
