@@ -83,12 +83,18 @@ def import_plugins(plugins: Sequence[str]) -> None:
     import sys
     from pathlib import Path
 
-    from raydpfl.registry.plugin_files import PluginImportError, import_plugin
+    from raydpfl.registry.plugin_files import (
+        PluginImportError,
+        import_plugin,
+        remember_plugin_file,
+    )
 
     for plugin in plugins:
         if plugin.endswith(".py"):
             module = sys.modules.get(Path(plugin).stem)
-            if module is not None and getattr(module, "__file__", None) == str(Path(plugin)):
+            loaded = getattr(module, "__file__", None)
+            if loaded is not None and Path(loaded).resolve() == Path(plugin).resolve():
+                remember_plugin_file(plugin)  # imported already (by --plugin or an `import`)
                 continue
         try:
             import_plugin(plugin)

@@ -73,6 +73,14 @@ def import_plugin(plugin: str) -> None:
         ) from None
 
 
+def remember_plugin_file(path: str | Path) -> None:
+    """Records a plug-in file imported by other means (an ``import`` of the same file), so
+    that the Ray actors' runtime environment ships it too."""
+    resolved = Path(path).resolve()
+    if resolved not in _FILES:
+        _FILES.append(resolved)
+
+
 def plugin_files() -> tuple[Path, ...]:
     """The plug-in files imported so far in this process (resolved paths)."""
     return tuple(_FILES)

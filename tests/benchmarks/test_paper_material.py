@@ -78,7 +78,9 @@ def test_ali_dpfls_step_budget_lives_in_its_folder_and_registers_with_the_core()
     from raydpfl.papers.ali_dpfl.theory import paper_compat_iteration_budget
     from raydpfl.privacy.accounting import step_budget
 
-    core = (ROOT / "raydpfl" / "privacy" / "step_budget.py").read_text(encoding="utf-8")
+    core = (ROOT / "raydpfl" / "privacy" / "accounting" / "step_budget.py").read_text(
+        encoding="utf-8"
+    )
     code = "\n".join(line for line in core.splitlines() if not line.lstrip().startswith("#"))
     assert "bisect_steps_within" not in code  # the authors' bisection is not the core's
     assert "paper_compat" in step_budget.step_budget_modes()
