@@ -93,16 +93,14 @@ from raydpfl.privacy.mechanisms.client_level_mechanisms import (  # noqa: F401 (
     round_session,
     update_noise_multiplier,
 )
+from raydpfl.privacy.mechanisms.client_level_mechanisms import (
+    update_l2_norm as update_norm,  # ‖Δ‖₂ over all tensors together (float64)
+)
 from raydpfl.privacy.mechanisms.kernel import MechanismUse, uses
 from raydpfl.privacy.noise import secure_noise
 
 
 # ---- the paper's math, as small pure functions -----------------------------------------------
-def update_norm(update: Mapping[str, torch.Tensor]) -> float:
-    """‖Δ‖₂ over all tensors together (float64)."""
-    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in update.values()))
-
-
 def clip_update(
     update: Mapping[str, torch.Tensor], clip_norm: float, per_layer: bool = False
 ) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import json
 from collections import defaultdict, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -79,14 +79,14 @@ class PrivacyAccounting:
     def _note_results(self, results: Sequence[ClientResult]) -> None:
         self._note_releases(
             [r.receipt for r in results],
-            {k: 0.0 for r in results for k in r.metrics},
+            {k for r in results for k in r.metrics},
             [_extra_fields(r) for r in results],
         )
 
     def _note_releases(
         self,
         receipts: Sequence[Receipt | None],
-        metric_keys: Mapping[str, Any],
+        metric_keys: Iterable[str],
         extra_fields: Sequence[Sequence[str]] = (),
     ) -> None:
         """Lists what reached the server from the client halves outside a mechanism: the
@@ -317,7 +317,7 @@ class PrivacyAccounting:
 
 
 #: The fields every `ClientResult` has; a result type's other fields travel beside the
-#: update and are listed as unaccounted (`Server._note_releases`).
+#: update and are listed as unaccounted (`PrivacyAccounting._note_releases`).
 _RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientResult))
 
 

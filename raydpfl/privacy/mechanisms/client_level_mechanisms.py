@@ -576,13 +576,7 @@ class LiveGaussianShare(LiveMechanism):
         """update + N(0, σ²S²/K) per tensor, from the client's stream, in order. The
         platform checks ‖update‖ ≤ S first (the sensitivity the round's charge assumes)
         and the worker checks that the result uploads exactly what this returned."""
-        norm = update_l2_norm(update)
-        bound = self.mechanism.clip_norm
-        if not norm <= bound * (1.0 + UPDATE_BOUND_TOLERANCE):
-            raise PrivacyContractError(
-                f"{self.mechanism.describe()}: the update handed to the share has norm "
-                f"{norm:.6g} > S = {bound:g}; the client-level charge assumes updates clipped to S"
-            )
+        check_update_bound(update, self.mechanism.clip_norm, self.mechanism.describe())
         self.count += 1
         std = self.mechanism.noise_std
         out = {n: t + gaussian_like(t, std, self._generator) for n, t in update.items()}
