@@ -291,6 +291,15 @@ def _direct_session(
     engine: ClippedSumEngine | None,
     device: torch.device | str,
 ) -> PrivacySession:
+    held = data._session
+    if held is not None and getattr(held, "_direct", None) is None:
+        # The records are a worker's: their session is the one it charged and checks. A
+        # session of the caller's, on a stream the caller knows, may not be bound to them.
+        raise PrivacyContractError(
+            f"client {task.client_id}, round {task.round_idx + 1}: these records are bound "
+            "to the worker's privacy session; a direct context is for records built outside "
+            "a worker (tests, notebooks)"
+        )
     if engine is None:
         from raydpfl.privacy.per_sample.engines import make_engine
 

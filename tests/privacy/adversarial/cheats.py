@@ -172,6 +172,17 @@ class NoSessionContext(DPFedAvg):
         return dp_sgd_local_update(bare, params, data, task)
 
 
+class RebindsTheRecords(DPFedAvg):
+    """Binds a direct context of its own (a stream it knows) to the worker's records."""
+
+    def local_update(self, ctx, params, data, task):
+        from raydpfl.algorithms.base import direct_context
+
+        known = torch.Generator().manual_seed(0)
+        mine = direct_context(ctx.model, data, task, known, engine=ctx.clipping)
+        return dp_sgd_local_update(mine, params, data, task)
+
+
 class NoiseCanceller(DPFedAvg):
     """Replays the context's stream to predict each step's noise and subtracts it."""
 

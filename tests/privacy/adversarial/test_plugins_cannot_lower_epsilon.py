@@ -161,6 +161,10 @@ def test_a_context_without_a_session_still_trains_through_the_workers():
     _same_run(_run(_record(cheats.NoSessionContext)), _honest())
 
 
+def test_a_direct_context_cannot_take_over_the_workers_records():
+    _refused(_record(cheats.RebindsTheRecords), "bound to the worker's privacy session")
+
+
 def test_the_contexts_stream_cannot_replay_the_noise():
     """Replaying `ctx.generator` predicts nothing: subtracting its "noise" moves the model
     away from the noise-free run, it does not land on it."""
