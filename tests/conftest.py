@@ -91,11 +91,16 @@ def release_scale(task: ClientTask) -> float:
     return m.noise_scale if isinstance(m, LaplaceRelease) else m.noise_std
 
 
-def with_release_scale(task: ClientTask, scale: float) -> ClientTask:
+def with_release_scale(
+    task: ClientTask, scale: float, sensitivity: float | None = None
+) -> ClientTask:
     """`task` with its one full-batch release's noise std (or Laplace scale) set to
-    `scale` at the same sensitivity; 0 makes it noise-free (a zero-noise Gaussian)."""
+    `scale` at the same sensitivity (or `sensitivity`: e.g. the one a hand-built client's
+    record count needs); 0 makes it noise-free (a zero-noise Gaussian)."""
     (use,) = task.mechanisms
     m = use.mechanism
+    if sensitivity is not None:
+        m = dataclasses.replace(m, sensitivity=float(sensitivity))
     if scale == 0:
         new = GaussianRelease(0.0, m.sensitivity)
     elif isinstance(m, LaplaceRelease):

@@ -152,7 +152,10 @@ def record_plan(
         metadata=meta,
     )
     plan.update(fields)
-    return PrivacyPlan(**plan)
+    made = PrivacyPlan(**plan)
+    if "mechanisms" in fields:
+        return made
+    return made.with_mechanisms(made.dp_sgd_planned())  # DP-SGD at the plan's σ, C, q
 
 
 def plan_dp_sgd(privacy: PrivacyConfig, max_steps: int) -> PrivacyPlan:

@@ -26,6 +26,7 @@ import torch
 from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask
 from raydpfl.privacy.accounting.client_level import POPULATION, ClientLevelLedger
 from raydpfl.privacy.accounting.ledger import PrivacyLedger
+from raydpfl.privacy.accounting.plan import check_planned
 from raydpfl.privacy.mechanisms.client_level_mechanisms import (
     ROUND_SESSION_ATTR,
     check_round_receipt,
@@ -271,7 +272,12 @@ class PrivacyAccounting:
         dispatched, refused = [], []
         charged: list[int] = []
         stats = self._epsilon_stats()
+        planned = getattr(self.ledger, "planned", None)
         for task in tasks:
+            # σ, C and q are the plan's: refused before anything is charged or sent
+            check_planned(
+                planned, task.client_id, task.round_idx, task.mechanisms, self.algorithm.name
+            )
             costs = task.privacy_costs
             if costs:
                 if self.ledger is None:

@@ -30,6 +30,8 @@ from raydpfl.data.federated import FederatedDataset, IndexTable
 from raydpfl.models import assert_dp_compatible, build_model
 from raydpfl.privacy.mechanisms.client_level_mechanisms import GaussianShare, check_update_bound
 from raydpfl.privacy.mechanisms.kernel import (
+    RAW_RECORDS_NOTE,
+    RESULT_WEIGHT_NOTE,
     UNBOUNDED_WEIGHT_RULES,
     PrivacyContractError,
     PrivacySession,
@@ -232,7 +234,14 @@ class ClientWorker:
                 f"client {task.client_id} failed in round {task.round_idx + 1}: {e}"
             ) from e
         receipt = session.receipt()  # what the platform counted, not what the result says
-        self._check_result(task, result, session, receipt)
+        self._check_result(task, result, session, receipt, data)
+        receipt = session.receipt()  # with the notes the checks added
+        if _output_perturbed(session, result):
+            # Whatever the client half read, its update left through the platform's clip
+            # and noise; what else it returns (metrics, fields) is listed on its own.
+            receipt = dataclasses.replace(
+                receipt, notes=tuple(n for n in receipt.notes if n != RAW_RECORDS_NOTE)
+            )
         result.receipt = receipt
         return result
 
@@ -267,12 +276,19 @@ class ClientWorker:
         return seeded_stream("torch", seed, self.device)
 
     def _check_result(
-        self, task: ClientTask, result: ClientResult, session: PrivacySession, receipt: Receipt
+        self,
+        task: ClientTask,
+        result: ClientResult,
+        session: PrivacySession,
+        receipt: Receipt,
+        data: ClientData,
     ) -> None:
         """The platform's checks on a result before it leaves the worker: the receipt of
-        the worker's own session equals the declaration, and in a private record-level run
-        a task that declared no mechanism returns no update (it may report metrics, which
-        the run lists as unaccounted)."""
+        the worker's own session equals the declaration; a private run's result states the
+        client's true record count, and an aggregation weight other than 0, 1 or that count
+        is listed; an output-perturbation release uploads exactly what it returned; and in
+        a private record-level run a task that declared no mechanism returns no update (it
+        may report metrics, which the run lists as unaccounted)."""
         algo = self.algorithm
         where = f"algorithm {algo.name!r}, client {task.client_id}, round {task.round_idx + 1}"
         if not isinstance(result, ClientResult):
@@ -280,6 +296,27 @@ class ClientWorker:
                 f"{where}: local_update returned {type(result).__name__}, not a ClientResult"
             )
         check_receipt(task.client_id, task.round_idx, task.kind, task.mechanisms, receipt)
+        if algo.is_private:
+            n = data.num_examples
+            if result.num_examples != n:
+                raise PrivacyContractError(
+                    f"{where} ({task.kind} task): the result states num_examples="
+                    f"{result.num_examples!r}, the client holds {n} records"
+                )
+            if float(result.weight) not in (0.0, 1.0, float(n)):
+                session._note(RESULT_WEIGHT_NOTE)
+        perturbed = [
+            live
+            for live in session
+            if getattr(live, "_released", None) is not None
+            and type(live.mechanism) is not GaussianShare
+        ]
+        if perturbed and not _output_perturbed(session, result):
+            raise PrivacyContractError(
+                f"{where} ({task.kind} task): the task perturbed an update through "
+                f"{perturbed[0].mechanism.describe()} but uploads other tensors; the upload "
+                "must be what perturb_update returned"
+            )
         if task.client_update_bound is not None:
             self._check_upload(task, result, session, where)
         unnoised = algo.is_private and algo.privacy_unit == "record" and not task.mechanisms
@@ -418,6 +455,19 @@ class ClientWorker:
         x, y = self._central_test_on_device
         on_device = {n: t.to(self.device) for n, t in params.items()}
         return evaluate_batches(self.model, on_device, x, y, batch_size, batches)
+
+
+def _output_perturbed(session: PrivacySession, result: ClientResult) -> bool:
+    """The result uploads exactly the tensors a record-level release's `perturb_update`
+    returned (the same objects, every name)."""
+    for live in session:
+        released = getattr(live, "_released", None)
+        if released is None or type(live.mechanism) is GaussianShare:
+            continue
+        update = result.update
+        if set(update) == set(released) and all(update[n] is released[n] for n in released):
+            return True
+    return False
 
 
 def _on_host(values: Mapping[str, Any]) -> dict[str, Any]:

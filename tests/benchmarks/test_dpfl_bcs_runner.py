@@ -32,15 +32,16 @@ def _release(scale: float = 2.0):
 
 def test_without_noise_zeroes_every_draw_and_restores_it(bcs):
     with bcs._without_noise(True) as zeroed:
-        live = _release().open()
-        assert torch.equal(live.noise(torch.Size([5])), torch.zeros(5))
+        live = _release()
+        assert torch.equal(live._noise(torch.Size([5])), torch.zeros(5))
         t = {"w": torch.ones(3)}
-        assert torch.equal(live.add_(t)["w"], torch.ones(3))
+        out = live.perturb_update(t)["w"]  # clipped into the L2 ball of radius Δ/2, no noise
+        torch.testing.assert_close(out, torch.full((3,), 0.5 / 3**0.5))
     assert zeroed == [2]
-    live = _release().open()
-    assert live.noise(torch.Size([1000])).std() > 1.0  # the real mechanism again
+    live = _release()
+    assert live._noise(torch.Size([1000])).std() > 1.0  # the real mechanism again
     with bcs._without_noise(False) as zeroed:
-        assert _release().open().noise(torch.Size([1000])).std() > 1.0
+        assert _release()._noise(torch.Size([1000])).std() > 1.0
     assert zeroed == [0]
 
 

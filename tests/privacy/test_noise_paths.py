@@ -1180,7 +1180,7 @@ class WeakenedWorker(ClientWorker):
     def _client(self, task: ClientTask):
         return super()._client(weakened(task, 0.1))
 
-    def _check_result(self, task, result, session, receipt) -> None:
+    def _check_result(self, task, result, session, receipt, data) -> None:
         return None
 
 

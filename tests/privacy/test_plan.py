@@ -1,6 +1,8 @@
 """The privacy plan: one object decides σ, C, q and the budget; the mechanisms and the
 ledger a builder makes come from it."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,8 @@ from raydpfl.privacy.mechanisms.kernel import SubsampledGaussian
 from tests.conftest import small_config
 
 SIZES = np.full(10, 600)
+SMALL_IMAGES = ["experiment.data.dataset=digits", "experiment.model.name=mlp"]
+RUN = ["runtime.backend=local", "runtime.threads=1", "experiment.algorithm.rounds=2"]
 
 
 def _config(algorithm: dict, privacy: dict):
@@ -127,3 +131,74 @@ def test_the_client_level_builders_take_sigma_and_s_from_one_client_level_plan()
     plan = PrivacyPlan(unit="client", accountant="rdp", delta=1e-3, epsilon=1.0)
     with pytest.raises(ValueError, match="ClientLevelLedger"):
         plan.ledger()
+
+
+# ---- declarations are checked against the plan -----------------------------------------------
+def test_planned_values_ladders_ranges_and_per_client_values():
+    from raydpfl.privacy.accounting.plan import Ladder, PerClient, PlannedMechanism, Within
+
+    ladder = Ladder(2.0, 0.5, 0.3)
+    assert all(ladder.allows(v, 0) for v in (2.0, 1.0, 0.5, 0.3))  # 0.25 floored at 0.3
+    assert not ladder.allows(0.75, 0) and not ladder.allows(0.25, 0)
+    sigma = 1.3
+    for _ in range(7):  # the same products Adap DP-FL computes, round after round
+        sigma = max(sigma * 0.9, 0.4)
+    assert Ladder(1.3, 0.9, 0.4).allows(sigma, 3)
+    assert Within(0.1, 2.0).allows(2.0, 0) and not Within(0.1, 2.0).allows(2.1, 0)
+    per = PerClient((1.0, 2.0))
+    assert per.allows(2.0, 1) and not per.allows(2.0, 0) and not per.allows(1.0, 5)
+    planned = PlannedMechanism(
+        SubsampledGaussian, {"noise_multiplier": ladder, "sampling_rate": 0.1}
+    )
+    assert planned.allows(SubsampledGaussian(0.5, 123.0, 0.1), 0)  # C free
+    assert not planned.allows(SubsampledGaussian(0.5, 1.0, 0.2), 0)
+    assert "max(2·0.5^k, 0.3)" in planned.describe()
+
+
+def test_a_declaration_off_the_plan_is_refused_in_one_line():
+    from raydpfl.privacy.accounting.plan import check_planned
+    from raydpfl.privacy.mechanisms.kernel import PrivacyContractError, uses
+
+    plan = plan_dp_sgd(small_config().experiment.privacy, 10)
+    ok = uses(plan.subsampled_gaussian(), 3)
+    check_planned(plan.mechanisms, 2, 0, (ok,), "dp_fedavg")
+    tiny_q = uses(SubsampledGaussian(plan.noise_multiplier, plan.clip_norm, 1e-6), 3)
+    with pytest.raises(PrivacyContractError) as e:
+        check_planned(plan.mechanisms, 2, 4, (tiny_q,), "sneaky")
+    message = str(e.value)
+    assert "\n" not in message and "'sneaky', client 2, round 5" in message
+    assert "sampling_rate=1e-06" in message and "privacy plan does not allow" in message
+    check_planned(None, 2, 4, (tiny_q,))  # a plan that states no mechanisms checks nothing
+
+
+def test_every_papers_builder_hands_the_server_the_plans_mechanisms():
+    """The ledger each paper's builder makes carries its plan's mechanisms (the server
+    checks every declaration against them; the papers' end-to-end tests run with it)."""
+    import raydpfl
+    from raydpfl.experiment.build import build_experiment
+
+    root = Path(__file__).resolve().parents[2]
+    ali = "configs/ali_dpfl/fashion_mnist/tableii_rc.yaml"
+    cases = [
+        ("configs/quickstart.yaml", []),
+        (ali, SMALL_IMAGES),
+        (ali, [*SMALL_IMAGES, "experiment.algorithm.name=pe_dpfl"]),
+        (ali, [*SMALL_IMAGES, "experiment.algorithm.name=adap_dp_fl"]),
+        (
+            "configs/dpfl_bcs/fashion_mnist_dpfl_bcs_gaussian.yaml",
+            [
+                *SMALL_IMAGES,
+                "experiment.algorithm.dpfl_bcs.stage1_rounds=2",
+                "experiment.algorithm.rounds=3",
+            ],
+        ),
+        ("configs/rc_dpfl/fmnist_rotation/rc_dpfl_eps5.yaml", SMALL_IMAGES),
+        ("configs/fedfdp/table2_mnist.yaml", [*SMALL_IMAGES, "experiment.algorithm.name=fedfdp"]),
+    ]
+    kinds = []
+    for config, extra in cases:
+        exp = build_experiment(raydpfl.load_config(str(root / config), [*RUN, *extra]))
+        assert exp.ledger.planned, config
+        kinds.append({p.kind.__name__ for p in exp.ledger.planned})
+    assert kinds[2] == {"GaussianRelease"} and kinds[4] == {"GaussianRelease"}
+    assert kinds[5] == {"SubsampledGaussian"} or "ExponentialSelection" in kinds[5]

@@ -17,6 +17,7 @@ from raydpfl.config import ConfigError, config_from_dict, load_config
 from raydpfl.experiment.build import build_experiment, run_experiment
 from raydpfl.models import build_model
 from raydpfl.papers.dpfl_bcs.algorithm import DpflBcs
+from raydpfl.papers.dpfl_bcs.calibration import stage1_sensitivity
 from raydpfl.simulation.evaluation import evaluate
 from tests.conftest import with_release_scale
 from tests.papers.dpfl_bcs.dpfl_bcs_helpers import bcs_config
@@ -70,8 +71,11 @@ def test_the_client_step_is_the_mse_gradient():
     torch.testing.assert_close(res.update["linear.bias"][0], -task.lr * grad_b)
     # Private: per-sample MSE gradients clipped to B = 1, so the step is at most ηB.
     dp = _algo()
+    planned = dp.plan(0, [0], dp.sizes)[0]
+    # a stage-1 release (with the loss reports): the sensitivity of Eq. 13
+    stage1 = stage1_sensitivity(planned.lr, 1.0, 8.0, 30)
     task = dataclasses.replace(
-        with_release_scale(dp.plan(0, [0], dp.sizes)[0], 0.0), extras={"stage1": 1.0}
+        with_release_scale(planned, 0.0, sensitivity=stage1), extras={"stage1": 1.0}
     )
     res = dp.local_update(_ctx(model), dict(params), data, task)
     step = torch.cat([t.reshape(-1) for t in res.update.values()])

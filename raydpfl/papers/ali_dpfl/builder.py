@@ -18,7 +18,8 @@ from raydpfl.papers.ali_dpfl.algorithm import AliDpfl, DPFedAvgFixedTau
 from raydpfl.papers.ali_dpfl.pe_dpfl import PeDpfl
 from raydpfl.papers.ali_dpfl.privacy_plan import plan_privacy
 from raydpfl.privacy.accounting.ledger import PrivacyLedger
-from raydpfl.privacy.accounting.plan import PrivacyPlan
+from raydpfl.privacy.accounting.plan import Ladder, PlannedMechanism, PrivacyPlan
+from raydpfl.privacy.mechanisms.kernel import GaussianRelease, SubsampledGaussian
 
 
 def build(
@@ -31,9 +32,40 @@ def build(
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if config.experiment.algorithm.name in ("pe_dpfl", "adap_dp_fl"):
         algorithm = _ali_baseline(config, plan, num_params)
+        plan = plan.with_mechanisms(*_baseline_mechanisms(algorithm), replace=True)
         return algorithm, plan.ledger(), plan.summary()
     algorithm, meta = _ali(config, plan, sizes, num_params)
     return algorithm, plan.ledger(), meta
+
+
+def _baseline_mechanisms(algorithm: Algorithm) -> tuple[PlannedMechanism, ...]:
+    """What the plan lets PE-DPFL or Adap DP-FL declare, from the values it was built with:
+    PE-DPFL's output perturbation GaussianRelease(z, 2S); Adap DP-FL's DP-SGD steps on its
+    σ ladder σ_0·β^k (floored) at q, and its noisy loss query (σ_ℓ, L, q_ℓ)."""
+    if isinstance(algorithm, PeDpfl):
+        release = algorithm.release
+        fixed = {"noise_multiplier": release.noise_multiplier, "sensitivity": release.sensitivity}
+        return (PlannedMechanism(GaussianRelease, fixed),)
+    assert isinstance(algorithm, AdapDpFl)
+    ladder = Ladder(
+        algorithm.noise_multiplier, algorithm.noise_decay, algorithm.min_noise_multiplier
+    )
+    steps = PlannedMechanism(
+        SubsampledGaussian,
+        {"noise_multiplier": ladder, "sampling_rate": algorithm.sampling_rate},
+        free="clip_norm: C_k is adapted per client from released values (the charge does "
+        "not depend on C)",
+    )
+    loss = algorithm.loss_query
+    query = PlannedMechanism(
+        SubsampledGaussian,
+        {
+            "noise_multiplier": loss.noise_multiplier,
+            "clip_norm": loss.clip_norm,
+            "sampling_rate": loss.sampling_rate,
+        },
+    )
+    return steps, query
 
 
 def _ali_baseline(config: Config, plan: PrivacyPlan, num_params: int) -> Algorithm:

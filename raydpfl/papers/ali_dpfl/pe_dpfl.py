@@ -290,10 +290,9 @@ class PeDpfl(UniformCohortAlgorithm):
             with torch.no_grad():
                 for p, g in zip(params.values(), grads, strict=True):
                     p.sub_(g, alpha=task.lr)
-        update = parameter_delta(params, start)
-        # S from the declared release (sensitivity 2S), so the clip and the noise agree
-        clip_update(update, upload.mechanism.sensitivity / SENSITIVITY_FACTOR)
-        upload.open().add_(update)  # N(0, (z·2S)²), the declared release
+        # The platform's output perturbation: clipped to S (half the declared sensitivity
+        # 2S) and noised N(0, (z·2S)²); the result must upload exactly these tensors.
+        update = upload.perturb_update(parameter_delta(params, start))
         return ClientResult(
             client_id=task.client_id, update=update, weight=float(n), num_examples=n
         )

@@ -234,7 +234,6 @@ class DpflBcs(BcsClientStep, Algorithm):
         self.selected_stage1 = np.zeros((max(self.t0, 1), self.n), dtype=bool)
         self.estimates: dict[str, Any] = {}
         self.plan_history: dict[str, list[int]] = {}
-        self._psg: dict[int, Any] = {}
         self.stage = 1 if self.selection == "bcs" else 2
 
     def _init_plan(self) -> None:
@@ -255,7 +254,6 @@ class DpflBcs(BcsClientStep, Algorithm):
     # ---- budgets and plans -----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_psg"] = {}  # torch.func closures over a resident model: rebuilt per worker
         state["_velocity"] = None  # server-only state
         return state
 
@@ -586,12 +584,6 @@ class DpflBcs(BcsClientStep, Algorithm):
             "client_privacy_budgets (epsilon_n, delta_n, reported in the clear; the selection "
             "frequencies reveal them and D_n, spec §10)",
         ]
-        if self.selection == "bcs":
-            out.append(
-                "stage-1 loss reports are inside the charged (d+2)-dim release, but F_n(w_n^t) "
-                "is evaluated at the clean local model, so its Theta/D_n sensitivity is the "
-                "paper's claim, not a proof (spec §10)"
-            )
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -20,7 +20,12 @@ import numpy as np
 from raydpfl.config.schema import Config, ConfigError
 from raydpfl.data.federated import FederatedDataset
 from raydpfl.privacy.accounting.accountants import describe_accountant
-from raydpfl.privacy.accounting.plan import PrivacyPlan
+from raydpfl.privacy.accounting.plan import PlannedMechanism, PrivacyPlan
+from raydpfl.privacy.mechanisms.kernel import (
+    CertifiedGaussianRelease,
+    GaussianRelease,
+    LaplaceRelease,
+)
 from raydpfl.simulation.seeding import NO_ROUND, SERVER, numpy_rng
 
 _FIELD = "experiment.algorithm.dpfl_bcs"
@@ -135,4 +140,21 @@ def plan_privacy(config: Config, dataset: FederatedDataset) -> PrivacyPlan:
         client_budgets={c: (float(eps[c]), float(deltas[c])) for c in range(n)},
         extra={"mechanism": mechanism, "epsilons": eps, "deltas": deltas},
         metadata=metadata,
+        mechanisms=_planned(mechanism, cfg.gm_calibration),
     )
+
+
+def _planned(mechanism: str, calibration: str | None) -> tuple[PlannedMechanism, ...]:
+    """The one full-batch release per participation: Laplace, or Gaussian (certified as
+    (ε/T_n, δ/T_n) under ``paper_alg2``); none for the non-private baseline."""
+    free = (
+        "noise multiplier calibrated per client from its (epsilon_n, delta_n) and "
+        "participation plan; sensitivity 2*eta_t*B/D_n (+ the loss reports'), checked by the "
+        "platform against the release it computes"
+    )
+    if mechanism == "laplace":
+        return (PlannedMechanism(LaplaceRelease, {}, free),)
+    if mechanism == "gaussian":
+        kind = CertifiedGaussianRelease if calibration == "paper_alg2" else GaussianRelease
+        return (PlannedMechanism(kind, {}, free),)
+    return ()

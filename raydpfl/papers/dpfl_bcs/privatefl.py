@@ -198,7 +198,6 @@ class PrivateFl(DpflBcs):
     def local_update(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
-        x, y = data.batch(torch.arange(data.num_examples, device=data.device))
         transform = (
             {n: t.to(ctx.device) for n, t in task.payload.items()}
             if task.payload
@@ -207,7 +206,7 @@ class PrivateFl(DpflBcs):
         # Shared parameters first, so the noise draws on them come in DPSGD's order.
         trainable = {**params, **transform} if self.train_transform else dict(params)
         const = {} if self.train_transform else transform
-        noisy, metrics = self._noisy_step(ctx, trainable, const, x, y, task, data)
+        noisy, metrics = self._noisy_step(ctx, trainable, const, task, data)
         update: Params = {}
         new_transform = {n: t.detach().clone() for n, t in transform.items()}
         for name, g in noisy.items():

@@ -38,7 +38,8 @@ from raydpfl.papers.fedfdp.privacy_plan import plan_privacy
 from raydpfl.papers.fedfdp.qffl import DPQFFL, QFFL
 from raydpfl.papers.fedfdp.scaffold import DPScaffold, Scaffold
 from raydpfl.privacy.accounting.ledger import PrivacyLedger
-from raydpfl.privacy.mechanisms.kernel import UNBOUNDED_WEIGHT_RULES
+from raydpfl.privacy.accounting.plan import PlannedMechanism
+from raydpfl.privacy.mechanisms.kernel import UNBOUNDED_WEIGHT_RULES, SubsampledGaussian
 
 
 def build(
@@ -73,6 +74,18 @@ def build(
             {"unit": "none: non-private run (epsilon is infinite)"},
         )
     plan = plan_privacy(config, dataset.train_sizes())
+    if plan.extra.get("loss_noise_multiplier") is not None:  # FedFDP's, DP q-FFL's loss upload
+        plan = plan.with_mechanisms(
+            PlannedMechanism(
+                SubsampledGaussian,
+                {
+                    "noise_multiplier": plan.extra["loss_noise_multiplier"],
+                    "sampling_rate": plan.extra["loss_sampling_rate"],
+                },
+                free="clip_norm: C_l is adapted per client from released losses (the charge "
+                "does not depend on C)",
+            )
+        )
     meta = plan.summary()
     common.update(
         clip_norm=plan.clip_norm,

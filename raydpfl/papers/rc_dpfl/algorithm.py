@@ -64,7 +64,6 @@ from raydpfl.algorithms.multi_model import (
 from raydpfl.papers.rc_dpfl.accounting import steps_per_round
 from raydpfl.papers.rc_dpfl.assignment import (
     loss_assignments,
-    private_select_clusters,
     sample_assignments,
 )
 from raydpfl.papers.rc_dpfl.clustering import (
@@ -306,26 +305,17 @@ class ClusteredDPFL(Algorithm):
     def choose_cluster(
         self, ctx: ClientContext, params: Params, data: ClientData, task: ClientTask
     ) -> ClientResult:
-        """Scores every cluster model on the train split and reports one index (line 20):
-        argmin of the losses, or (a declared `ExponentialSelection`) the exponential mechanism
-        on the accuracies in % (Gumbel noise drawn from the client's stream, §5.4)."""
-        losses, accs = [], []
-        for m in range(self.num_models):
-            loss, acc = train_loss_and_accuracy(
-                ctx.model, model_params(params, cluster_key(m)), data
-            )
-            losses.append(loss)
-            accs.append(acc)
+        """Reports one cluster index (line 20): the argmin of the train losses (no
+        mechanism declared: listed, the records are read raw), or the declared
+        `ExponentialSelection`, which the platform runs on the cluster models' train
+        accuracies in % (Gumbel noise, §5.4): only the chosen index comes back."""
+        models = [model_params(params, cluster_key(m)) for m in range(self.num_models)]
         if not task.mechanisms:
+            losses = [train_loss_and_accuracy(ctx.model, m, data)[0] for m in models]
             choice = int(loss_assignments(np.asarray([losses]))[0])
-        else:  # the declared exponential mechanism draws the Gumbel noise
+        else:
             selection = privacy_session(ctx, task, data).get(ExponentialSelection)
-            rng = selection.rng()
-            choice = int(
-                private_select_clusters(
-                    np.asarray([accs]), data.num_examples, selection.epsilon, rng
-                )[0]
-            )
+            choice = selection.most_accurate(models)
         return ClientResult(
             client_id=task.client_id,
             update={},

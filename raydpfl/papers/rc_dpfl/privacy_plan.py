@@ -7,6 +7,7 @@ selection's share of ε under ``selection_privacy: gumbel`` (shared/specs/robust
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,8 @@ from raydpfl.papers.rc_dpfl.accounting import (
 )
 from raydpfl.privacy.accounting.accountants import compute_epsilon
 from raydpfl.privacy.accounting.calibration import noise_multiplier_for
-from raydpfl.privacy.accounting.plan import PrivacyPlan
+from raydpfl.privacy.accounting.plan import PerClient, PlannedMechanism, PrivacyPlan
+from raydpfl.privacy.mechanisms.kernel import ExponentialSelection, SubsampledGaussian
 
 
 def plan_privacy(config: Config, sizes: np.ndarray) -> PrivacyPlan:
@@ -65,12 +67,29 @@ def plan_privacy(config: Config, sizes: np.ndarray) -> PrivacyPlan:
             selection_rounds=sel_rounds,
         ),
         sampling_rate=None,
+        mechanisms=_planned(zs, privacy.clip_norm, sel_eps),
         extra={
             "noise_multipliers": zs,
             "selection_epsilon": sel_eps,
             "selection_rounds": sel_rounds,
         },
     )
+
+
+def _planned(
+    zs: Sequence[float], clip: float, selection_epsilon: float | None
+) -> tuple[PlannedMechanism, ...]:
+    """DP-SGD at each client's own z_i and the config's C (q_i = b/|D_i|, or 1 in a
+    full-batch round, from the public dataset sizes), and the private cluster choice."""
+    steps = PlannedMechanism(
+        SubsampledGaussian,
+        {"noise_multiplier": PerClient(tuple(float(z) for z in zs)), "clip_norm": float(clip)},
+        free="sampling_rate: q_i = b/|D_i| (or 1 in a full-batch round) from the public "
+        "dataset sizes",
+    )
+    if selection_epsilon is None:
+        return (steps,)
+    return steps, PlannedMechanism(ExponentialSelection, {"epsilon": float(selection_epsilon)})
 
 
 def _noise_multipliers(

@@ -266,6 +266,9 @@ class PrivacyLedger(LedgerSettings):
         client_budgets: Mapping[int, tuple[float, float]] | None = None,
     ) -> None:
         super().__init__(accountant, delta, epsilon_budget)
+        #: The plan's mechanisms (`PrivacyPlan.mechanisms`) the server checks each task's
+        #: declaration against; None: no check. Not part of the ledger's state.
+        self.planned: Any = None
         self._client_budgets: dict[int, tuple[float, float]] = {}
         for cid, pair in (client_budgets or {}).items():
             cid = _check_client_id(cid)

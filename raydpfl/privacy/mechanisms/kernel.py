@@ -52,6 +52,7 @@ from torch.func import functional_call
 from raydpfl.privacy.accounting._checks import _non_negative, _positive
 from raydpfl.privacy.accounting.ledger import PrivacyCost
 from raydpfl.privacy.accounting.single_release import gaussian_sigma_analytic
+from raydpfl.privacy.mechanisms import full_batch
 from raydpfl.privacy.mechanisms.loss_query import LossPrecision, private_mean_loss
 from raydpfl.privacy.noise import secure_noise
 from raydpfl.privacy.per_sample.dpsgd import (
@@ -78,6 +79,7 @@ __all__ = [
     "PrivacyContractError",
     "PrivacySession",
     "Receipt",
+    "ReleasedMean",
     "ReleasedStepStats",
     "SampledBatch",
     "SubsampledGaussian",
@@ -435,6 +437,14 @@ BATCH_LOSS_NOTE = (
     "sampled_batch_loss (the un-noised mean loss of a Poisson batch, "
     "LiveSubsampledGaussian.batch_loss)"
 )
+RESULT_WEIGHT_NOTE = (
+    "client_result_weight (an aggregation weight other than 0, 1 or the client's record "
+    "count, returned by the client half outside a mechanism)"
+)
+AFTER_STEP_LOSS_NOTE = (
+    "full_batch_loss_after_clean_step (a loss report evaluated at the local model after the "
+    "un-noised step: a data-dependent point, so its Theta/n sensitivity is assumed, not proven)"
+)
 RAW_LOSSES_NOTE = "loss_query_raw_losses (the un-noised per-sample losses of a loss-query batch)"
 UNBOUNDED_NOTE = (
     "unbounded_weight_rule (a run-level setting turned the per-sample bound check off: "
@@ -787,16 +797,38 @@ def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, d
     return (e1 - e2) * scale
 
 
+class ReleasedMean:
+    """What one `LiveRelease.mean_clipped_gradient` invocation released: the noised
+    `update` (scale·mean clipped gradient + noise, per tensor) and the noised loss reports
+    (scale·mean clamped loss + noise, one per point asked for), in that order."""
+
+    __slots__ = ("losses", "update")
+
+    def __init__(self, update: Params, losses: tuple[float, ...]) -> None:
+        self.update, self.losses = update, losses
+
+
 class LiveRelease(LiveMechanism):
-    """A task's `GaussianRelease`, `CertifiedGaussianRelease` or `LaplaceRelease`:
-    `open` starts one invocation (one released vector, which may be drawn in several
-    parts: one `noise` call per tensor of it)."""
+    """A task's `GaussianRelease`, `CertifiedGaussianRelease` or `LaplaceRelease`. The
+    client half invokes it through the platform's releases, which compute the released
+    vector from the client's records themselves and check the declared sensitivity
+    against the bound of what they computed:
+
+    - `mean_clipped_gradient`: a full-batch step (DPFL-BCS), optionally with loss
+      reports as further coordinates of the same vector;
+    - `perturb_update`: output perturbation of an update the client half computed
+      (PE-DPFL): the platform clips it to Δ/2 before the noise, and the worker checks that
+      the result uploads exactly what it returned.
+
+    Gaussian noise for a `GaussianRelease` (L2 clipping), Laplace for a `LaplaceRelease`
+    (L1 clipping). There is no way to noise an arbitrary tensor through it.
+    """
 
     mechanism: GaussianRelease | LaplaceRelease
 
     def __init__(self, mechanism: Mechanism, generator: torch.Generator, device):
         super().__init__(mechanism, generator, device)
-        self._open = False
+        self._released: Params | None = None  # perturb_update's output (the worker's check)
 
     @property
     def scale(self) -> float:
@@ -804,38 +836,142 @@ class LiveRelease(LiveMechanism):
         m = self.mechanism
         return m.noise_scale if isinstance(m, LaplaceRelease) else m.noise_std
 
-    def open(self) -> LiveRelease:
-        """Starts one invocation; the noise of its parts follows (`noise`, `add_`)."""
-        self.count += 1
-        self._open = True
-        return self
+    @property
+    def _order(self) -> int:
+        """The norm the sensitivity is in: L1 for Laplace noise, L2 for Gaussian."""
+        return 1 if isinstance(self.mechanism, LaplaceRelease) else 2
 
-    def _check_open(self) -> None:
-        if not self._open:
-            raise PrivacyContractError(
-                f"{self.mechanism.describe()}: noise drawn outside an invocation (call open())"
-            )
-
-    def noise(self, shape: torch.Size, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """This invocation's noise for one part of the released vector."""
-        self._check_open()
+    def _noise(self, shape: torch.Size, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """This invocation's noise for one part of the released vector (the platform's)."""
         if isinstance(self.mechanism, LaplaceRelease):
             return laplace_noise(shape, self.scale, self._generator, self.device)
         # The same draws as torch.randn(shape, generator) in research mode.
         out = torch.empty(shape, device=self.device, dtype=dtype or torch.get_default_dtype())
         return standard_normal_like(out, self._generator) * self.scale
 
-    def add_(self, tensors: Params) -> Params:
-        """Adds this invocation's Gaussian noise to every tensor, in place, in order."""
-        self._check_open()
+    def _add(self, tensors: Params) -> Params:
+        """Adds this invocation's noise to every tensor, in place, in order."""
         if isinstance(self.mechanism, LaplaceRelease):
-            raise PrivacyContractError("add_ draws Gaussian noise; use noise() for Laplace")
+            for t in tensors.values():
+                t.add_(self._noise(t.shape, t.dtype))
+            return tensors
         return add_gaussian_noise(tensors, self.scale, self._generator)
+
+    def _check_sensitivity(self, needed: float, what: str) -> None:
+        declared = float(self.mechanism.sensitivity)
+        if not declared >= needed * (1.0 - 1e-9):
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: {what} has sensitivity {needed:.6g} "
+                f"(L{self._order} over neighbouring datasets), above the declared "
+                f"{declared:.6g}; declare the release "
+                "with the sensitivity of what it releases"
+            )
+
+    def mean_clipped_gradient(
+        self,
+        params: Params,
+        loss: full_batch.RecordLoss,
+        *,
+        clip_norm: float,
+        scale: float = 1.0,
+        const: Params | None = None,
+        norm: int | None = None,
+        loss_bound: float | None = None,
+        loss_reports: Sequence[str] = (),
+    ) -> ReleasedMean:
+        """One invocation: scale·(1/n)·Σ_i clip_C(∇ℓ(params; z_i)) over all n of the
+        client's records, plus noise, and optionally the loss reports scale·(1/n)·Σ_i
+        clamp(ℓ_i, 0, Θ) as further coordinates of the same release.
+
+        The platform gathers the records, takes each record's gradient on its own
+        (``vmap(grad(loss))`` on batches of one, so a loss that mixes records cannot), clips
+        it at C in the mechanism's norm, and refuses unless the declared sensitivity covers
+        scale·(2C + k·Θ)/n (replace-one adjacency; k loss reports, DPFL-BCS Eq. 13).
+
+        Args:
+            params: The point w the gradient is taken at (and its variables).
+            loss: ℓ(params, const, x, y) on a batch (called on batches of one record).
+            clip_norm: C.
+            scale: A public factor on every released coordinate (η_t).
+            const: Tensors the loss reads as constants (no gradient).
+            norm: The norm each record's gradient is clipped in: 1 (L1; valid for either
+                noise, as ‖g‖₂ ≤ ‖g‖₁) or 2 (L2; Gaussian noise only). Default: the
+                mechanism's (L1 for Laplace, L2 for Gaussian).
+            loss_bound: Θ, the clamp of every per-record loss (needed with loss reports).
+            loss_reports: Points to report the mean clamped loss at: ``"start"`` (w) and
+                ``"after_step"`` (w minus the un-noised step: a data-dependent point, so
+                its Θ/n sensitivity is assumed, not proven, and the platform lists it).
+
+        Returns:
+            The released values (`ReleasedMean`): noise is drawn for the loss reports
+            first, then for each tensor in order.
+        """
+        session = self._session
+        records = None if session is None else session._records
+        if records is None:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: the release is not bound to a client's records "
+                "(the worker binds it; direct calls use raydpfl.algorithms.base.direct_context)"
+            )
+        unknown = [p for p in loss_reports if p not in ("start", "after_step")]
+        if unknown:
+            raise ValueError(
+                f"loss_reports: unknown point(s) {unknown}; use 'start', 'after_step'"
+            )
+        clip, factor = _positive(clip_norm, "clip_norm"), _non_negative(scale, "scale")
+        order = self._order if norm is None else norm
+        if order not in (1, 2) or (order == 2 and self._order == 1):
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: clipping in norm {norm!r}; the allowed norms "
+                f"are {'1' if self._order == 1 else '1, 2'} (Laplace noise needs an L1 bound)"
+            )
+        bound = 0.0
+        if loss_reports:
+            if loss_bound is None:
+                raise ValueError("loss_reports need loss_bound (the clamp Θ of each loss)")
+            bound = _positive(loss_bound, "loss_bound")
+        x, y = records._gather(torch.arange(records.num_examples, device=records.device))
+        n = int(x.shape[0])
+        if n == 0:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: a full-batch release of a client without records"
+            )
+        self._check_sensitivity(
+            factor * (2.0 * clip + len(loss_reports) * bound) / n, "the full-batch mean"
+        )
+        fixed = {} if const is None else dict(const)
+        mean = full_batch.clipped_mean_gradient(loss, params, fixed, x, y, clip, order)
+        step = {name: g * factor for name, g in mean.items()}
+        losses: list[float] = []
+        for point in loss_reports:
+            at = dict(params)
+            if point == "after_step":
+                self._note(AFTER_STEP_LOSS_NOTE)
+                at = {k: t.detach() - step[k] if k in step else t for k, t in params.items()}
+            losses.append(factor * full_batch.clamped_mean_loss(loss, at, fixed, x, y, bound))
+        self.count += 1
+        if self.scale > 0:
+            if losses:
+                noise = self._noise(torch.Size([len(losses)]))
+                losses = [v + float(noise[i]) for i, v in enumerate(losses)]
+            step = {name: g + self._noise(g.shape) for name, g in step.items()}
+        return ReleasedMean(step, tuple(losses))
+
+    def perturb_update(self, update: Params) -> Params:
+        """One invocation of output perturbation: `update` (any function of the client's
+        records) clipped in place into the ball of radius Δ/2 in the mechanism's norm, so
+        that two neighbouring datasets' outputs differ by at most Δ, then noised in place.
+        Returns `update`; the task's result must upload exactly these tensors (checked on
+        the worker)."""
+        full_batch.clip_in_place(update, float(self.mechanism.sensitivity) / 2.0, self._order)
+        self.count += 1
+        self._add(update)
+        self._released = update
+        return update
 
 
 class LiveSelection(LiveMechanism):
-    """A task's `ExponentialSelection`: `rng` opens one invocation and returns the numpy
-    generator its Gumbel noise is drawn from (seeded by one draw of the client's stream)."""
+    """A task's `ExponentialSelection`: `most_accurate` is one invocation."""
 
     mechanism: ExponentialSelection
 
@@ -843,13 +979,36 @@ class LiveSelection(LiveMechanism):
     def epsilon(self) -> float:
         return self.mechanism.epsilon
 
-    def rng(self) -> Any:
+    def most_accurate(self, candidates: Sequence[Params]) -> int:
+        """One invocation: the index of the candidate model chosen by the exponential
+        mechanism on its accuracy in % on the client's records (RC-DPFL §5.4): the platform
+        scores every candidate with the worker's model, adds Gumbel(0, 2Δ/ε) noise with
+        Δ = 100/(n − 1) (add/remove adjacency) and returns only the arg-max."""
         import numpy as np
 
+        session = self._session
+        records = None if session is None else session._records
+        model = None if session is None else session._model
+        if records is None or model is None:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: the selection is not bound to a client's records"
+            )
+        n = records.num_examples
+        if n < 2 or not candidates:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: a selection needs >= 2 records and >= 1 "
+                f"candidate (got {n} records, {len(candidates)} candidates)"
+            )
+        x, y = records._gather(torch.arange(n, device=records.device))
+        scores = np.asarray(
+            [[full_batch.accuracy_percent(model, params, x, y) for params in candidates]]
+        )
         self.count += 1
         gen = self._generator
         draw = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
-        return np.random.default_rng(draw)
+        rng = np.random.default_rng(draw)
+        scale = 2.0 * (100.0 / (n - 1.0)) / self.mechanism.epsilon
+        return int(np.argmax(scores + rng.gumbel(size=scores.shape) * scale, axis=1)[0])
 
 
 class PrivacySession:

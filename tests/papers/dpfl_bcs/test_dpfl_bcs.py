@@ -72,7 +72,9 @@ def test_task_noise_uses_the_stage_sensitivity():
         assert task.extras["stage1"] == 0.0
 
 
-def _client(algo: DpflBcs, n: int = 40, scale: float = 5.0, features: int = 20):
+def _client(algo: DpflBcs, n: int | None = None, scale: float = 5.0, features: int = 20):
+    """Client 0's records (as many as the algorithm planned for it, unless `n`)."""
+    n = int(algo.sizes[0]) if n is None else n
     torch.manual_seed(0)
     model = build_model("bcs_linear", (features,), 3)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -90,8 +92,10 @@ def _ctx(model, seed: int = 1) -> ClientContext:
 def test_client_clips_per_sample_in_the_mechanisms_norm(mechanism):
     a = _algo(mechanism=mechanism, clip_norm=0.5)
 
-    task = with_release_scale(a.plan(5, [0], a.sizes)[0], 0.0)
+    planned = a.plan(5, [0], a.sizes)[0]
     for n, exact in ((40, False), (1, True)):
+        # the release declared for n records: the platform checks Δ = 2ηB/n
+        task = with_release_scale(planned, 0.0, sensitivity=2 * planned.lr * 0.5 / n)
         model, params, data = _client(a, n=n, scale=50.0)
         res = a.local_update(_ctx(model), dict(params), data, task)
         flat = torch.cat([-t.reshape(-1) for t in res.update.values()])

@@ -378,3 +378,43 @@ def test_clustering_accuracy_by_hand():
 def test_invalid_inputs_raise_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_the_platforms_private_selection_is_the_papers_noisy_argmax():
+    """`LiveSelection.most_accurate` (the platform's, on the client's records) picks what
+    §5.4's `private_select_clusters` picks from the same accuracies and the same draw:
+    Gumbel(0, 2Δ/ε), Δ = 100/(N − 1)."""
+    import torch
+    from torch import nn
+    from torch.func import functional_call
+
+    from raydpfl.privacy.mechanisms.kernel import (
+        ClientRecords,
+        ExponentialSelection,
+        PrivacySession,
+        uses,
+    )
+    from raydpfl.privacy.per_sample.engines import make_engine
+
+    n, eps = 60, 2.0
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g)
+    model = nn.Linear(5, 3)
+    cands = [
+        {k: torch.randn(v.shape, generator=g) for k, v in model.named_parameters()}
+        for _ in range(4)
+    ]
+    with torch.no_grad():
+        accs = np.asarray(
+            [[100.0 * float((functional_call(model, c, (x,)).argmax(1) == y).sum()) / n
+              for c in cands]]
+        )  # fmt: skip
+    for seed in range(40):
+        session = PrivacySession(
+            [uses(ExponentialSelection(eps), 1)], torch.Generator().manual_seed(seed)
+        )._bind(ClientRecords(x, y, torch.arange(n)), model, make_engine(model, "vmap"))
+        got = session.get().most_accurate(cands)
+        replay = torch.Generator().manual_seed(seed)  # the selection's one draw
+        draw = int(torch.randint(0, 2**62, (1,), generator=replay))
+        want = assignment.private_select_clusters(accs, n, eps, np.random.default_rng(draw))
+        assert got == int(want[0])

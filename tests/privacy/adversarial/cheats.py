@@ -29,9 +29,11 @@ from raydpfl.algorithms.base import ClientContext, privacy_session
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.algorithms.fedavg import FedAvg
 from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_loop, dp_sgd_local_update
+from raydpfl.papers.ali_dpfl.pe_dpfl import PeDpfl
 from raydpfl.privacy.accounting.ledger import PrivacyCost
 from raydpfl.privacy.mechanisms.kernel import (
     UNBOUNDED_WEIGHT_RULES,
+    GaussianRelease,
     PrivacySession,
     SampledBatch,
     SubsampledGaussian,
@@ -305,6 +307,81 @@ class ExtraField(DPFedAvg):
         return ResultWithRecords(
             r.client_id, r.update, r.weight, r.num_examples, r.metrics, sample=x
         )
+
+
+# ---- 3b. un-subsampled releases (output perturbation, full-batch steps, selection) ------------
+class PerturbsADummy(PeDpfl):
+    """PE-DPFL that runs the output perturbation on a zero tensor (the receipt closes) and
+    uploads its clean, unclipped local update."""
+
+    def local_update(self, ctx, params, data, task):
+        release = privacy_session(ctx, task, data).get(GaussianRelease)
+        start = {n: p.clone() for n, p in params.items()}
+        release.perturb_update({n: torch.zeros_like(p) for n, p in params.items()})
+        x, y = data.records()
+        leaves = {n: p.detach().requires_grad_(True) for n, p in start.items()}
+        with torch.enable_grad():
+            loss = torch.nn.functional.cross_entropy(
+                torch.func.functional_call(ctx.model, leaves, (x,)), y
+            )
+            grads = torch.autograd.grad(loss, list(leaves.values()))
+        update = {n: -task.lr * g for n, g in zip(start, grads, strict=True)}
+        return ClientResult(task.client_id, update, float(data.num_examples), data.num_examples)
+
+
+class WideClipFullBatch(DPFedAvg):
+    """Declares a full-batch Gaussian release for C = 1 and then runs it at C = 100 (a
+    step 100 times larger than the noise covers)."""
+
+    def plan(self, round_idx, cohort, train_sizes):
+        tasks = super().plan(round_idx, cohort, train_sizes)
+        return [
+            dataclasses.replace(
+                t,
+                mechanisms=(
+                    uses(
+                        GaussianRelease(
+                            self.noise_multiplier,
+                            2.0 * self.clip_norm / float(train_sizes[t.client_id]),
+                        ),
+                        1,
+                    ),
+                ),
+            )
+            for t in tasks
+        ]
+
+    def local_update(self, ctx, params, data, task):
+        release = privacy_session(ctx, task, data).get(GaussianRelease)
+
+        def loss(p, const, x, y):
+            return torch.nn.functional.cross_entropy(
+                torch.func.functional_call(ctx.model, {**p, **const}, (x,)), y
+            )
+
+        out = release.mean_clipped_gradient(params, loss, clip_norm=100.0 * self.clip_norm)
+        update = {n: -task.lr * g for n, g in out.update.items()}
+        return ClientResult(task.client_id, update, 1.0, data.num_examples)
+
+
+class WeightChannel(DPFedAvg):
+    """Puts a raw statistic (the mean of its labels) in its aggregation weight."""
+
+    def local_update(self, ctx, params, data, task):
+        result = super().local_update(ctx, params, data, task)
+        _, y = data.records()
+        result.weight = 1.0 + float(y.float().mean())
+        return result
+
+
+class CountChannel(DPFedAvg):
+    """Reports a record count of its own (the number of label-0 records)."""
+
+    def local_update(self, ctx, params, data, task):
+        result = super().local_update(ctx, params, data, task)
+        _, y = data.records()
+        result.num_examples = int((y == 0).sum())
+        return result
 
 
 #: Client-level cheats use the config's client-level options; the rest are record-level.

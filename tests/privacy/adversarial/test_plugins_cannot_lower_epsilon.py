@@ -24,6 +24,7 @@ from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.privacy.accounting.ledger import PrivacyCost
 from raydpfl.privacy.mechanisms.kernel import (
     RAW_RECORDS_NOTE,
+    RESULT_WEIGHT_NOTE,
     UNBOUNDED_NOTE,
     MechanismTypeError,
     PrivacyContractError,
@@ -132,6 +133,40 @@ def test_a_release_takes_only_the_batch_the_mechanism_drew():
 
 def test_a_context_with_a_clipping_engine_of_its_own_changes_nothing():
     _same_run(_run(_record(cheats.OwnEngine)), _honest())
+
+
+def _pe(cls=None, **kw):
+    from raydpfl.papers.ali_dpfl.pe_dpfl import PeDpfl
+
+    args = dict(
+        clients_per_round=4, rounds_budget=2, local_steps=2, lr=0.5, sampling_rate=0.1,
+        update_clip_norm=1.0, noise_multiplier=1.0, epsilon=50.0, delta=1e-5,
+    )  # fmt: skip
+    return (cls or PeDpfl)(**{**args, **kw})
+
+
+def test_output_perturbation_of_a_dummy_while_uploading_the_clean_update_is_refused():
+    message = _refused(_pe(cheats.PerturbsADummy), "must be what perturb_update returned")
+    assert "'pe_dpfl'" in message and "client " in message
+
+
+def test_an_honest_output_perturbation_reads_records_and_lists_nothing_for_it():
+    summary = _run(_pe())
+    assert RAW_RECORDS_NOTE not in summary["unaccounted_releases"]  # the update was perturbed
+
+
+def test_a_full_batch_release_run_at_a_wider_clip_than_declared_is_refused():
+    _refused(_record(cheats.WideClipFullBatch), "above the declared")
+
+
+def test_a_statistic_in_the_aggregation_weight_is_listed():
+    summary = _run(_record(cheats.WeightChannel))
+    assert RESULT_WEIGHT_NOTE in summary["unaccounted_releases"]
+    assert RESULT_WEIGHT_NOTE not in _honest()["unaccounted_releases"]
+
+
+def test_a_record_count_of_its_own_is_refused():
+    _refused(_record(cheats.CountChannel), "the client holds")
 
 
 def test_raw_records_in_the_update_are_listed():
