@@ -409,3 +409,23 @@ def test_a_small_run_states_and_charges_the_truncated_event(tmp_path):
         assert eps >= _rdp_by_hand(1.0, 0.1, steps, 1e-3 - (1 + math.exp(eps)) * mass) - 1e-9
         worst = max(worst, _rdp_by_hand(1.0, 0.1, steps, 1e-3))
     assert summary["epsilon_max"] >= worst
+
+
+@pytest.mark.slow
+def test_a_truncating_run_is_charged_dp_accountings_event(tmp_path):
+    """A cap below q·|D_i| ≈ 19 truncates most samples; PLD accounts it exactly (~30 s:
+    each distinct history is two PLD compositions)."""
+    run_dir = tmp_path / "run"
+    config = _config(batch_shape="fixed", max_batch_size=15, accountant="pld")
+    config["experiment"]["algorithm"].update(rounds=2, clients_per_round=2)
+    raydpfl.run_simulation(config, run_dir=run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    fields = ("noise_multiplier", "sampling_rate", "steps", "max_batch_size", "dataset_size")
+    by_hand = [
+        _pld_by_hand([tuple(e[f] for f in fields) for e in client["entries"]], 1e-3)
+        for client in ledger["clients"]
+    ]
+    assert summary["epsilon_max"] == pytest.approx(max(by_hand), rel=1e-9)
+    rounds = __import__("pandas").read_parquet(run_dir / "rounds.parquet")
+    assert (rounds["mean_batch_size"].dropna() <= 15).all()

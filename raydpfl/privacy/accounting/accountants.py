@@ -27,6 +27,11 @@ Accountants (all with add/remove-one adjacency):
 * ``"pld"``: dp_accounting's ``PLDAccountant`` (privacy-loss distributions,
   pessimistic discretisation with interval 1e-4) on the same events.
 
+Truncated Poisson samples (``("truncated", sigma, q, B, n, steps)`` entries,
+``privacy.batch_shape: fixed``) are accounted in
+:mod:`raydpfl.privacy.accounting.truncation`: exactly by ``"pld"``, by a coupling bound
+on the untruncated history by the others.
+
 Results are memoised per (normalised history, delta, accountant) so that many
 privacy units (clients) sharing a history cost one computation.
 """

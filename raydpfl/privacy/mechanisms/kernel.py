@@ -26,7 +26,11 @@ guarantees".
 Mechanisms (unit: one record of one client, add/remove adjacency, unless said):
 - `SubsampledGaussian(σ, C, q)` — one invocation = one Poisson(q) sample of the client's
   records and one Gaussian release of a sum bounded by C, noise std σ·C: a DP-SGD step
-  or a noisy loss query. Charged ``PrivacyCost(σ, q, n)``.
+  or a noisy loss query. Charged ``PrivacyCost(σ, q, n)``. Under ``privacy.batch_shape:
+  fixed`` the platform stamps the run's cap B and the client's |D| on it
+  (`SubsampledGaussian.with_batch_shape`): the sample is truncated to B records by a
+  uniformly random subset and the charge is the truncated event
+  (`raydpfl.privacy.accounting.truncation`), or plain when B ≥ |D| + 1.
 - `GaussianRelease(σ, Δ)` — one release of a vector of L2 sensitivity Δ (no
   subsampling), noise std σ·Δ. Charged ``PrivacyCost(σ, 1, n)``.
 - `CertifiedGaussianRelease(σ, Δ, ε, δ)` — a Gaussian release whose σ certifies (ε, δ)
