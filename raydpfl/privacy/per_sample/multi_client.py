@@ -27,7 +27,12 @@ gives, up to float error from a different order of summation:
   client's q·|D_i| (an empty Poisson batch is a noise-only step, as in the sequential
   path);
 - clients never interact: chunking clients, or changing which clients share a group,
-  changes nothing but float rounding.
+  changes nothing but float rounding;
+- fixed shapes (``privacy.batch_shape: fixed``, `run`'s ``max_batch_size`` B): each
+  client's Poisson sample is truncated to B on its own stream, right after its Poisson
+  draw and before its noise (`dpsgd.truncate_sample`, as `LiveSubsampledGaussian.sample`
+  does one client at a time), and every step, the first included, runs on (clients, B)
+  padded batches, so the per-step shapes never change.
 
 Two engines compute the clipped per-client sums (`MultiClientDPSGD(engine=...)`):
 
