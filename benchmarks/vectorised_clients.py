@@ -4,6 +4,7 @@
     python benchmarks/vectorised_clients.py --case w3 --repeats 5
     python benchmarks/vectorised_clients.py --case rc --vec-engine vmap   # RC-DPFL's CNN
     python benchmarks/vectorised_clients.py --device cuda --budget-mib 8192
+    python benchmarks/vectorised_clients.py --case rc --batch-shape fixed   # + fixed shapes
 
 Cases (shared/workloads.md):
 - ``w3``: many small clients: 1,000 clients with 2..10 records each (≈ 6), one full-batch
@@ -28,12 +29,22 @@ work (checked: the realised batch sizes agree). Figures: samples/s (realised Poi
 samples per second) per path, medians over repetitions, and the ratio
 vectorised / sequential. Absolute numbers vary with machine load; quote the ratio.
 Results: benchmarks/results/vectorised_clients.json.
+
+``--batch-shape fixed`` (``privacy.batch_shape: fixed``) also times the vectorised path
+with every client's Poisson sample truncated at B (`--max-batch-size`; default
+⌈q·max|D_i| + 3·sd⌉, so truncation is rare) and every step on (clients, B) padded batches,
+against the same path on Poisson shapes (padded to each step's largest batch; the first
+step unpadded): per step the fixed path always computes C·B slots, so on a CPU it pays
+for the padding; on an accelerator fixed shapes are what lets kernels and graphs be
+reused. Figures: samples/s of both and the ratio fixed / Poisson (time), medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import platform
 import statistics
 import sys
@@ -48,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 from raydpfl.algorithms import DPFedAvg  # noqa: E402
 from raydpfl.algorithms.base import ClientContext, ClientData  # noqa: E402
 from raydpfl.models import build_model  # noqa: E402
+from raydpfl.privacy.mechanisms.kernel import MechanismUse  # noqa: E402
 from raydpfl.privacy.per_sample import multi_client  # noqa: E402
 from raydpfl.privacy.per_sample.engines import make_engine  # noqa: E402
 
@@ -154,11 +166,34 @@ def run_sequential(c: dict, device: torch.device, engine) -> tuple[float, int]:
     return time.perf_counter() - t0, round(samples)
 
 
+def _fixed(tasks, indices, cap: int | None):
+    """The tasks as the platform stamps them under ``privacy.batch_shape: fixed``."""
+    if cap is None:
+        return tasks
+    out = []
+    for t, idx in zip(tasks, indices, strict=True):
+        use = t.mechanisms[0]
+        stamped = MechanismUse(use.mechanism.with_batch_shape(cap, int(idx.numel())), use.count)
+        out.append(dataclasses.replace(t, mechanisms=(stamped,)))
+    return out
+
+
+def default_cap(c: dict) -> int:
+    """⌈q·max|D_i| + 3·sd⌉: a cap the Poisson sample of the largest client rarely passes."""
+    n, q = max(int(i.numel()) for i in c["indices"]), c["sampling_rate"]
+    return max(1, math.ceil(q * n + 3 * math.sqrt(q * (1 - q) * n)))
+
+
 def run_vectorised(
-    c: dict, device: torch.device, engine, budget: int, vec_engine: str = "auto"
+    c: dict,
+    device: torch.device,
+    engine,
+    budget: int,
+    vec_engine: str = "auto",
+    cap: int | None = None,
 ) -> tuple[float, int]:
     model, alg = c["model_obj"], c["alg"]
-    tasks = alg.plan(0, list(range(c["clients"])), None)
+    tasks = _fixed(alg.plan(0, list(range(c["clients"])), None), c["indices"], cap)
     broadcast = {n: p.detach().clone() for n, p in model.named_parameters()}
     gens = _generators(c["clients"], device)
     multi_client._ENGINES[model] = multi_client.MultiClientDPSGD(
@@ -205,6 +240,7 @@ def bench(case: str, args: argparse.Namespace, device: torch.device) -> dict:
             f"vectorised {nv / tv:8.1f} samples/s ({tv:.2f} s), ratio {ts / tv:.2f}",
             flush=True,
         )
+    fixed = bench_fixed(c, args, device, engine, budget) if args.batch_shape == "fixed" else {}
     row = {k: v for k, v in c.items() if k not in ("model_obj", "x", "y", "indices", "alg")}
     row.update(
         samples_per_run=ns,
@@ -217,6 +253,7 @@ def bench(case: str, args: argparse.Namespace, device: torch.device) -> dict:
         median_vectorised=statistics.median(vec_rates),
         median_ratio=statistics.median(ratios),
         ratio_of_medians=statistics.median(vec_rates) / statistics.median(seq_rates),
+        **fixed,
     )
     print(
         f"{case}: sequential ({row['sequential_engine']}) median "
@@ -226,6 +263,38 @@ def bench(case: str, args: argparse.Namespace, device: torch.device) -> dict:
         flush=True,
     )
     return row
+
+
+def bench_fixed(c: dict, args: argparse.Namespace, device: torch.device, engine, budget) -> dict:
+    """The vectorised path on Poisson shapes and on fixed (clients, B) shapes, alternating."""
+    cap = args.max_batch_size or default_cap(c)
+    run_vectorised(c, device, engine, budget, args.vec_engine, cap)  # warm-up
+    poisson, fixed, ratios = [], [], []
+    for rep in range(args.repeats):
+        order = (None, cap) if rep % 2 == 0 else (cap, None)
+        out = {k: run_vectorised(c, device, engine, budget, args.vec_engine, k) for k in order}
+        (tp, np_), (tf, nf) = out[None], out[cap]
+        poisson.append(np_ / tp)
+        fixed.append(nf / tf)
+        ratios.append(tf / tp)
+        print(
+            f"  {c['case']} rep {rep + 1}: vectorised Poisson {np_ / tp:8.1f} samples/s "
+            f"({tp:.2f} s), fixed at B={cap} {nf / tf:8.1f} samples/s ({tf:.2f} s, {nf} of "
+            f"{np_} samples kept), time fixed/Poisson {tf / tp:.2f}",
+            flush=True,
+        )
+    print(
+        f"{c['case']}: fixed shapes (B={cap}) median time {statistics.median(ratios):.2f}x "
+        "the Poisson shapes'",
+        flush=True,
+    )
+    return {
+        "max_batch_size": cap,
+        "vectorised_poisson_samples_per_s": poisson,
+        "vectorised_fixed_samples_per_s": fixed,
+        "fixed_over_poisson_time": ratios,
+        "median_fixed_over_poisson_time": statistics.median(ratios),
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -244,6 +313,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--budget-mib", type=int, default=512, help="vectorised memory budget")
     p.add_argument("--model", default=None, help="override the case's model (zoo name)")
+    p.add_argument(
+        "--batch-shape",
+        default="poisson",
+        choices=("poisson", "fixed"),
+        help="fixed: also time the vectorised path on truncated, fixed-shape batches",
+    )
+    p.add_argument("--max-batch-size", type=int, default=None, help="B of --batch-shape fixed")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
 

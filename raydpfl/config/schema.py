@@ -644,6 +644,11 @@ class PrivacyConfig:
     # (raydpfl/privacy/noise/ziggurat.py) or a vectorised Box-Muller
     # (raydpfl/privacy/noise/boxmuller.py)
     noise_sampler: Literal["torch", "ziggurat", "boxmuller"] = "torch"
+    # poisson: each record with probability q, any batch size; fixed: Poisson truncated at
+    # max_batch_size (a random subset), padded to that shape on the vectorised engine
+    batch_shape: Literal["poisson", "fixed"] = "poisson"
+    # B, the cap of batch_shape fixed (required there); the charge is the truncated event
+    max_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.epsilon > 0, "epsilon", f"must be > 0, got {self.epsilon}")
@@ -672,6 +677,30 @@ class PrivacyConfig:
             "noise_sampler",
             "secure_noise draws its noise from os.urandom; leave noise_sampler at torch",
         )
+        _check(
+            self.batch_shape in ("poisson", "fixed"),
+            "batch_shape",
+            f"must be poisson or fixed, got {self.batch_shape!r}",
+        )
+        cap = self.max_batch_size
+        if self.batch_shape == "fixed":
+            _check(
+                isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1,
+                "max_batch_size",
+                f"must be an int >= 1 with batch_shape fixed, got {cap!r}",
+            )
+            _check(
+                self.noise_multiplier is not None,
+                "noise_multiplier",
+                "must be set with batch_shape fixed (calibration plans untruncated Poisson "
+                "samples), got null",
+            )
+        else:
+            _check(
+                cap is None,
+                "max_batch_size",
+                f"is for batch_shape fixed only (batch_shape is poisson), got {cap!r}",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -80,9 +80,19 @@ def apply_noise_mode(
         privacy_meta["noise_source"] = COUNTER_NOISE_SOURCES[sampler]
 
 
+#: The summary's ``sampling`` under ``privacy.batch_shape: fixed`` ({cap}: B).
+TRUNCATED_SAMPLING = (
+    "Poisson sampling of each client's records in every DP-SGD step, truncated at "
+    "max_batch_size = {cap} records (a uniformly random subset of a larger sample), charged "
+    "as the truncated Poisson event (raydpfl/privacy/accounting/truncation.py); cohorts are "
+    "drawn uniformly without replacement and treated as public: no amplification from client "
+    "sampling is claimed and a client is charged only for the rounds it trains in"
+)
+
+
 def privacy_metadata(privacy: PrivacyConfig) -> dict[str, Any]:
     """The privacy statement and the run's privacy settings (summary.json)."""
-    return {
+    out = {
         **PRIVACY_STATEMENT,
         "accountant": describe_accountant(privacy.accountant),
         "epsilon_budget": privacy.epsilon,
@@ -90,6 +100,10 @@ def privacy_metadata(privacy: PrivacyConfig) -> dict[str, Any]:
         "sampling_rate": privacy.sampling_rate,
         "clip_norm": privacy.clip_norm,
     }
+    if privacy.batch_shape == "fixed":
+        out["sampling"] = TRUNCATED_SAMPLING.format(cap=privacy.max_batch_size)
+        out.update(batch_shape="fixed", max_batch_size=privacy.max_batch_size)
+    return out
 
 
 def noise_multiplier(privacy: PrivacyConfig, max_steps: int) -> tuple[float, bool]:

@@ -38,6 +38,7 @@ from raydpfl.privacy.mechanisms.kernel import (
     MechanismUse,
     PrivacyContractError,
     Receipt,
+    SubsampledGaussian,
     check_receipt,
 )
 from raydpfl.simulation.integrity import ResumeDivergedError
@@ -76,6 +77,42 @@ class PrivacyAccounting:
             else dataclasses.replace(t, client_update_bound=bound)
             for t in tasks
         ]
+
+    def _stamp_batch_shape(self, tasks: Sequence[ClientTask]) -> list[ClientTask]:
+        """``privacy.batch_shape: fixed``: every declared `SubsampledGaussian` gets the
+        run's cap B and the client's |D| (`SubsampledGaussian.with_batch_shape`) before it
+        is charged, so the charge is the truncated event and the worker samples truncated
+        at that cap (both read the one stamped mechanism). A cap the algorithm declared
+        itself must be the run's (the platform's setting, not the plug-in's): any other,
+        or any cap in a plain-Poisson run, is refused."""
+        cap = getattr(self.settings, "max_batch_size", None)
+        out = []
+        for task in tasks:
+            stamped = []
+            for use in task.mechanisms:
+                m = use.mechanism
+                if type(m) is SubsampledGaussian:
+                    n = int(self.train_sizes[task.client_id])  # type: ignore[attr-defined]
+                    if m.max_batch_size is None and cap is not None:
+                        use = MechanismUse(m.with_batch_shape(cap, n), use.count)
+                    elif m.max_batch_size is not None and (
+                        m.max_batch_size != cap or m.dataset_size != n
+                    ):
+                        raise PrivacyContractError(
+                            f"client {task.client_id}, round {task.round_idx + 1}: algorithm "
+                            f"{self.algorithm.name!r} declares {m.describe()}, but the run's "
+                            f"batch shape is {'poisson' if cap is None else f'fixed at {cap}'} "
+                            f"for this client's {n} records: the cap is the run's "
+                            "privacy.max_batch_size, stamped by the platform"
+                        )
+                stamped.append(use)
+            stamped_uses = tuple(stamped)
+            out.append(
+                task
+                if stamped_uses == tuple(task.mechanisms)
+                else dataclasses.replace(task, mechanisms=stamped_uses)
+            )
+        return out
 
     def _note_results(self, results: Sequence[ClientResult]) -> None:
         self._note_releases(
@@ -157,7 +194,10 @@ class PrivacyAccounting:
         events = self.charged_events()
         out["charged"] = events
         sgm = [
-            e for e in events if e.get("mechanism", "subsampled_gaussian") == "subsampled_gaussian"
+            e
+            for e in events
+            if e.get("mechanism", "subsampled_gaussian")
+            in ("subsampled_gaussian", "truncated_subsampled_gaussian")
         ]
         for name in ("noise_multiplier", "sampling_rate"):
             values = list(dict.fromkeys(e[name] for e in sgm if e.get(name) is not None))

@@ -41,6 +41,13 @@ class Experiment:
     recorded_config: str | None = None
 
 
+def _max_batch_size(config: Config) -> int | None:
+    """The cap the platform stamps on every DP-SGD mechanism (``privacy.batch_shape:
+    fixed``), or None (plain Poisson)."""
+    privacy = config.experiment.privacy
+    return privacy.max_batch_size if privacy.batch_shape == "fixed" else None
+
+
 def make_server(
     exp: Experiment,
     writer: RunWriter | None = None,
@@ -72,6 +79,7 @@ def make_server(
         checkpoint_every=exp.config.runtime.checkpoint_every,
         dropout=algo.dropout,
         client_names=exp.dataset.client_names,
+        max_batch_size=_max_batch_size(exp.config),
     )
     server = Server(
         algorithm=exp.algorithm,

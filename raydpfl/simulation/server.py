@@ -77,6 +77,9 @@ class ServerSettings:
     dropout: float = 0.0
     # Each client's natural name (FEMNIST writer, HF client_column), for clients.parquet.
     client_names: Sequence[str] = ()
+    # ``privacy.batch_shape: fixed``: the cap B the platform stamps on every record-level
+    # DP-SGD mechanism (`PrivacyAccounting._stamp_batch_shape`); None: plain Poisson.
+    max_batch_size: int | None = None
 
 
 class Server(PrivacyAccounting):
@@ -167,6 +170,7 @@ class Server(PrivacyAccounting):
         rng = numpy_rng(self.settings.run_seed, round_idx, SERVER, "select")
         cohort = self.algorithm.select(round_idx, self.num_clients, rng)
         tasks = self._stamp_bound(self.algorithm.plan(round_idx, cohort, self.train_sizes))
+        tasks = self._stamp_batch_shape(tasks)
         self._check_declared(tasks)
         dispatched, refused = self._charge(round_idx, tasks)
         if not dispatched and refused and self._budget_exhausted(refused):
@@ -244,7 +248,9 @@ class Server(PrivacyAccounting):
         check_finite_model(self.params, round_idx, [t.client_id for t in tasks])
         metrics = _mean_metrics([r.metrics for r in results])
         followups: list[ClientResult] = []
-        extra = algo.followup_tasks(round_idx, tasks, results, self.params)
+        extra = self._stamp_batch_shape(
+            algo.followup_tasks(round_idx, tasks, results, self.params)
+        )
         # Follow-ups are charged like training tasks; a refused one is simply not run.
         extra_sent, _ = self._charge(round_idx, extra)
         if extra_sent:

@@ -55,3 +55,19 @@ def test_rc_case_paths_give_the_same_updates():
     assert not torch.allclose(
         grouped[0].update["classifier.weight"], grouped[1].update["classifier.weight"]
     )
+
+
+def test_fixed_shape_case_truncates_at_the_cap():
+    bench = _bench()
+    device = torch.device("cpu")
+    case = bench.make_case("rc", device, rc_steps=2)
+    # q·n = 32, sd ≈ 5.6: ⌈32 + 16.8⌉
+    assert bench.default_cap(case) == 49
+    tasks = bench._fixed(case["alg"].plan(0, list(range(6)), None), case["indices"], 20)
+    assert all(t.mechanisms[0].mechanism.max_batch_size == 20 for t in tasks)
+    assert all(t.privacy_cost.mechanism == "truncated_subsampled_gaussian" for t in tasks)
+    engine = make_engine(case["model_obj"], "auto")
+    _, poisson = bench.run_vectorised(case, device, engine, 2**28)
+    _, fixed = bench.run_vectorised(case, device, engine, 2**28, cap=20)
+    # 6 clients × 2 steps, at most 20 each; the Poisson batches average 32
+    assert fixed <= 6 * 2 * 20 < poisson

@@ -27,6 +27,11 @@ Accountants (all with add/remove-one adjacency):
 * ``"pld"``: dp_accounting's ``PLDAccountant`` (privacy-loss distributions,
   pessimistic discretisation with interval 1e-4) on the same events.
 
+Truncated Poisson samples (``("truncated", sigma, q, B, n, steps)`` entries,
+``privacy.batch_shape: fixed``) are accounted in
+:mod:`raydpfl.privacy.accounting.truncation`: exactly by ``"pld"``, by a coupling bound
+on the untruncated history by the others.
+
 Results are memoised per (normalised history, delta, accountant) so that many
 privacy units (clients) sharing a history cost one computation.
 """
@@ -45,6 +50,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from raydpfl.privacy.accounting import truncation
 
 __all__ = [
     "ACCOUNTANTS",
@@ -517,6 +524,13 @@ def _validate_extended_entry(entry: object, where: str) -> ExtendedEntry:
             if not _is_int(steps) or int(steps) < 0:
                 raise ValueError(f"{where}: steps must be an int >= 0, got {steps!r}")
             return ("approx_dp", float(eps), float(delta), int(steps))
+        if kind == "truncated" and len(entry) == 6:
+            _, sigma, q, cap, n, steps = entry
+            sigma, q, steps = _validate_entry((sigma, q, steps), where)
+            for name, v in (("max_batch_size", cap), ("dataset_size", n)):
+                if not _is_int(v) or int(v) < 1:
+                    raise ValueError(f"{where}: {name} must be an int >= 1, got {v!r}")
+            return ("truncated", sigma, q, int(cap), int(n), steps)
         raise ValueError(f"{where}: unknown history entry {entry!r}")
     return _validate_entry(entry, where)
 
@@ -529,7 +543,10 @@ def normalize_extended_history(history: Iterable[Sequence[Any]]) -> tuple[Extend
     merged: list[ExtendedEntry] = []
     for i, e in enumerate(history):
         entry = _validate_extended_entry(e, f"history[{i}]")
-        if entry[-1] == 0 or (not isinstance(entry[0], str) and entry[1] == 0.0):
+        no_records = (not isinstance(entry[0], str) and entry[1] == 0.0) or (
+            entry[0] == "truncated" and entry[2] == 0.0
+        )
+        if entry[-1] == 0 or no_records:
             continue
         if merged and merged[-1][:-1] == entry[:-1]:
             merged[-1] = (*entry[:-1], merged[-1][-1] + entry[-1])
@@ -603,8 +620,48 @@ def _mixed_epsilon(
     )
 
 
+def _with_truncated(history: tuple[ExtendedEntry, ...], delta: float, accountant: str) -> float:
+    """ε of a history with truncated Poisson steps (`truncation`'s module docstring): the
+    PLD accountant composes dp-accounting's truncated events; the others bound the
+    untruncated history's ε by the coupling argument."""
+    if accountant == "zcdp":
+        raise ValueError(
+            "the zcdp accountant has no subsampling amplification, truncated or not; use "
+            "rdp, dp_rdp, prv or pld with privacy.batch_shape: fixed"
+        )
+    if any(e[0] == "approx_dp" for e in history):
+        # basic composition with the declared releases, as for every other history
+        rest = tuple(e for e in history if e[0] != "approx_dp")
+        eps_declared = sum(e[1] * e[3] for e in history if e[0] == "approx_dp")
+        delta_declared = sum(e[2] * e[3] for e in history if e[0] == "approx_dp")
+        if delta_declared >= delta:
+            return math.inf
+        return _with_truncated(rest, delta - delta_declared, accountant) + eps_declared
+    truncated = tuple(e[1:] for e in history if e[0] == "truncated")
+    gauss = tuple(e for e in history if not isinstance(e[0], str))
+    lap = tuple((e[1], e[2]) for e in history if e[0] == "laplace")
+    if any(s == 0.0 for s, _, _ in gauss) or any(t[0] == 0.0 for t in truncated):
+        return math.inf
+    if any(b == 0.0 for b, _ in lap):
+        return math.inf
+    if accountant == "pld":
+        return max(0.0, truncation.pld_epsilon(gauss, lap, truncated, delta))
+    # The untruncated history, in charge order: each truncated step as its Poisson step.
+    plain = tuple(
+        (e[1], e[2], e[5]) if e[0] == "truncated" else e for e in history if e[0] != "approx_dp"
+    )
+    mass = sum(
+        steps * truncation.truncation_probability(n, q, cap) for _, q, cap, n, steps in truncated
+    )
+    return truncation.coupling_epsilon(
+        lambda d: _extended_cached(normalize_extended_history(plain), d, accountant), mass, delta
+    )
+
+
 @functools.lru_cache(maxsize=_CACHE_SIZE)
 def _extended_cached(history: tuple[ExtendedEntry, ...], delta: float, accountant: str) -> float:
+    if any(e[0] == "truncated" for e in history):
+        return _with_truncated(history, delta, accountant)
     gauss = tuple(e for e in history if not isinstance(e[0], str))
     lap = tuple((e[1], e[2]) for e in history if e[0] == "laplace")
     eps_declared = sum(e[1] * e[3] for e in history if e[0] == "approx_dp")

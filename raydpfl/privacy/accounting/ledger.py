@@ -44,10 +44,17 @@ from raydpfl.privacy.accounting.accountants import (
     validate_ledger_accountant,
 )
 
-__all__ = ["MECHANISMS", "BudgetExceededError", "PrivacyCost", "PrivacyLedger"]
+__all__ = ["MECHANISMS", "TRUNCATED", "BudgetExceededError", "PrivacyCost", "PrivacyLedger"]
 
 #: Mechanisms a :class:`PrivacyCost` may describe.
-MECHANISMS: tuple[str, ...] = ("subsampled_gaussian", "laplace", "approx_dp")
+MECHANISMS: tuple[str, ...] = (
+    "subsampled_gaussian",
+    "laplace",
+    "approx_dp",
+    "truncated_subsampled_gaussian",
+)
+#: The truncated Poisson sample's charge (`raydpfl.privacy.accounting.truncation`).
+TRUNCATED = "truncated_subsampled_gaussian"
 
 _FORMAT_VERSION = 1
 _MEMO_SIZE = 2**16  # distinct (history, δ) pairs whose ε a ledger remembers
@@ -64,9 +71,14 @@ class PrivacyCost:
         sampling_rate: Poisson sampling probability ``q in [0, 1]``; must be 1 for
             ``"laplace"`` and ``"approx_dp"`` (full-batch releases, no amplification).
         steps: Number of composed steps ``T >= 0`` (int).
-        mechanism: ``"subsampled_gaussian"`` (default), ``"laplace"`` or ``"approx_dp"``.
+        mechanism: ``"subsampled_gaussian"`` (default), ``"laplace"``, ``"approx_dp"`` or
+            ``"truncated_subsampled_gaussian"`` (a Poisson(q) sample truncated to at most
+            ``max_batch_size`` records by a uniformly random subset, then the Gaussian;
+            `raydpfl.privacy.accounting.truncation` accounts it).
         epsilon, delta: The per-step guarantee of an ``"approx_dp"`` release (required
             there, ``None`` otherwise); ``delta in [0, 1)``.
+        max_batch_size, dataset_size: The cap B >= 1 and the client's |D| >= 1 of a
+            truncated charge (required there, ``None`` otherwise).
 
     Raises:
         ValueError: On invalid fields (values are coerced to float/float/int).
@@ -78,6 +90,8 @@ class PrivacyCost:
     mechanism: str = "subsampled_gaussian"
     epsilon: float | None = None
     delta: float | None = None
+    max_batch_size: int | None = None
+    dataset_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -97,7 +111,7 @@ class PrivacyCost:
         object.__setattr__(self, "noise_multiplier", float(sigma))
         object.__setattr__(self, "sampling_rate", float(q))
         object.__setattr__(self, "steps", int(steps))
-        if self.mechanism != "subsampled_gaussian" and float(q) != 1.0:
+        if self.mechanism not in ("subsampled_gaussian", TRUNCATED) and float(q) != 1.0:
             raise ValueError(
                 f"mechanism {self.mechanism!r} is a full-batch release: sampling_rate must "
                 f"be 1 (no amplification), got {q!r}"
@@ -116,6 +130,17 @@ class PrivacyCost:
             raise ValueError(
                 f"epsilon/delta are declared only for approx_dp, not {self.mechanism}"
             )
+        if self.mechanism == TRUNCATED:
+            for name in ("max_batch_size", "dataset_size"):
+                v = getattr(self, name)
+                if not isinstance(v, numbers.Integral) or isinstance(v, bool) or int(v) < 1:
+                    raise ValueError(f"a truncated charge needs {name} an int >= 1, got {v!r}")
+                object.__setattr__(self, name, int(v))
+        elif self.max_batch_size is not None or self.dataset_size is not None:
+            raise ValueError(
+                "max_batch_size/dataset_size are declared only for "
+                f"{TRUNCATED}, not {self.mechanism}"
+            )
 
     def as_triple(self) -> tuple[float, float, int]:
         """Returns ``(noise_multiplier, sampling_rate, steps)`` (subsampled Gaussian only)."""
@@ -123,16 +148,33 @@ class PrivacyCost:
             raise ValueError(f"a {self.mechanism} charge has no Gaussian triple")
         return (self.noise_multiplier, self.sampling_rate, self.steps)
 
-    def dp_event(self) -> Any:
+    def dp_event(self, *, added: bool = False) -> Any:
         """This charge as dp-accounting's typed event, one to one: ``steps`` compositions
         (``SelfComposedDpEvent``) of ``PoissonSampledDpEvent(q, GaussianDpEvent(σ))`` (a
         subsampled Gaussian; q = 1: the bare ``GaussianDpEvent(σ)``) or ``LaplaceDpEvent(b)``.
         The RDP accountants compose exactly these (``tests/privacy/test_dp_events.py``
         checks the ε agree). An ``approx_dp`` charge (a release certified (ε, δ) per
         invocation) has no event in dp-accounting: None (the ledger composes it by basic
-        composition)."""
+        composition).
+
+        A truncated charge is ``TruncatedSubsampledGaussianDpEvent(N, q, B, σ)``, whose
+        ``dataset_size`` N is the size of the larger dataset of the adjacent pair: |D|
+        when the pair removes one of the client's records, |D| + 1 (`added`) when it adds
+        one. The ledger's PLD accountant composes both and takes the larger ε
+        (`raydpfl.privacy.accounting.truncation`)."""
         import dp_accounting
 
+        if self.mechanism == TRUNCATED:
+            assert self.dataset_size is not None and self.max_batch_size is not None
+            return dp_accounting.SelfComposedDpEvent(
+                dp_accounting.TruncatedSubsampledGaussianDpEvent(
+                    dataset_size=self.dataset_size + int(added),
+                    sampling_probability=self.sampling_rate,
+                    truncated_batch_size=self.max_batch_size,
+                    noise_multiplier=self.noise_multiplier,
+                ),
+                self.steps,
+            )
         if self.mechanism == "laplace":
             one: Any = dp_accounting.LaplaceDpEvent(self.noise_multiplier)
         elif self.mechanism == "approx_dp":
@@ -152,6 +194,15 @@ class PrivacyCost:
             return ("laplace", self.noise_multiplier, self.steps)
         if self.mechanism == "approx_dp":
             return ("approx_dp", self.epsilon, self.delta, self.steps)
+        if self.mechanism == TRUNCATED:
+            return (
+                "truncated",
+                self.noise_multiplier,
+                self.sampling_rate,
+                self.max_batch_size,
+                self.dataset_size,
+                self.steps,
+            )
         return (self.noise_multiplier, self.sampling_rate, self.steps)
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,6 +215,8 @@ class PrivacyCost:
         }
         if self.mechanism == "approx_dp":
             out.update(epsilon=self.epsilon, delta=self.delta)
+        if self.mechanism == TRUNCATED:
+            out.update(max_batch_size=self.max_batch_size, dataset_size=self.dataset_size)
         return out
 
     @classmethod
@@ -176,6 +229,8 @@ class PrivacyCost:
             mechanism=d.get("mechanism", "subsampled_gaussian"),
             epsilon=d.get("epsilon"),
             delta=d.get("delta"),
+            max_batch_size=d.get("max_batch_size"),
+            dataset_size=d.get("dataset_size"),
         )
 
 

@@ -26,7 +26,11 @@ guarantees".
 Mechanisms (unit: one record of one client, add/remove adjacency, unless said):
 - `SubsampledGaussian(σ, C, q)` — one invocation = one Poisson(q) sample of the client's
   records and one Gaussian release of a sum bounded by C, noise std σ·C: a DP-SGD step
-  or a noisy loss query. Charged ``PrivacyCost(σ, q, n)``.
+  or a noisy loss query. Charged ``PrivacyCost(σ, q, n)``. Under ``privacy.batch_shape:
+  fixed`` the platform stamps the run's cap B and the client's |D| on it
+  (`SubsampledGaussian.with_batch_shape`): the sample is truncated to B records by a
+  uniformly random subset and the charge is the truncated event
+  (`raydpfl.privacy.accounting.truncation`), or plain when B ≥ |D| + 1.
 - `GaussianRelease(σ, Δ)` — one release of a vector of L2 sensitivity Δ (no
   subsampling), noise std σ·Δ. Charged ``PrivacyCost(σ, 1, n)``.
 - `CertifiedGaussianRelease(σ, Δ, ε, δ)` — a Gaussian release whose σ certifies (ε, δ)
@@ -63,6 +67,7 @@ from raydpfl.privacy.per_sample.dpsgd import (
     dp_sgd_step_,
     poisson_sample,
     standard_normal_like,
+    truncate_sample,
 )
 
 Params = dict[str, torch.Tensor]
@@ -165,8 +170,13 @@ class Mechanism:
         raise NotImplementedError
 
     def describe(self) -> str:
-        fields = ", ".join(f"{k}={v:g}" for k, v in self.__dict__.items())
+        fields = ", ".join(f"{k}={v:g}" for k, v in self.__dict__.items() if v is not None)
         return f"{self.kind}({fields})"
+
+    def _answers(self, requested: Mechanism) -> bool:
+        """Whether this declared (and platform-stamped) mechanism is the one a client half
+        asks for by value (`PrivacySession.get`)."""
+        return self == requested
 
 
 @dataclass(frozen=True)
@@ -179,19 +189,64 @@ class SubsampledGaussian(Mechanism):
     noise_multiplier: float
     clip_norm: float
     sampling_rate: float
+    #: The run's cap B on a sample (``privacy.batch_shape: fixed``), stamped by the
+    #: platform before the charge with the client's |D| (`with_batch_shape`): the sample
+    #: is then truncated to B records (`dpsgd.truncate_sample`) and the charge is the
+    #: truncated event. None: plain Poisson (the default).
+    max_batch_size: int | None = None
+    dataset_size: int | None = None
 
     def __post_init__(self) -> None:
         _set_reals(self, "noise_multiplier", "clip_norm", "sampling_rate")
         if self.sampling_rate > 1:
             raise ValueError(f"sampling_rate must be in [0, 1], got {self.sampling_rate}")
+        cap, n = self.max_batch_size, self.dataset_size
+        if (cap is None) != (n is None):
+            raise ValueError("max_batch_size and dataset_size are set together (or neither)")
+        for name, v in (("max_batch_size", cap), ("dataset_size", n)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
     @property
     def noise_std(self) -> float:
         """σ·C, the std of the Gaussian added to the clipped sum."""
         return self.noise_multiplier * self.clip_norm
 
+    @property
+    def truncates(self) -> bool:
+        """Whether a sample can be truncated: a cap below |D| + 1 (either dataset of an
+        adjacent pair around the client's |D| can then be sampled over the cap)."""
+        cap, n = self.max_batch_size, self.dataset_size
+        return cap is not None and n is not None and cap < n + 1
+
     def cost(self, invocations: int) -> PrivacyCost:
-        return PrivacyCost(self.noise_multiplier, self.sampling_rate, invocations)
+        if not self.truncates:  # no cap, or one no sample can reach: the Poisson event
+            return PrivacyCost(self.noise_multiplier, self.sampling_rate, invocations)
+        return PrivacyCost(
+            self.noise_multiplier,
+            self.sampling_rate,
+            invocations,
+            "truncated_subsampled_gaussian",
+            max_batch_size=self.max_batch_size,
+            dataset_size=self.dataset_size,
+        )
+
+    def with_batch_shape(self, max_batch_size: int, dataset_size: int) -> SubsampledGaussian:
+        """This mechanism at the run's cap for a client of `dataset_size` records (the
+        platform's stamp, before the charge)."""
+        return dataclasses.replace(self, max_batch_size=max_batch_size, dataset_size=dataset_size)
+
+    def _answers(self, requested: Mechanism) -> bool:
+        # A client half asks for the mechanism it declared, before the platform stamped
+        # the run's batch shape on it.
+        if self == requested:
+            return True
+        return (
+            type(requested) is SubsampledGaussian
+            and requested.max_batch_size is None
+            and self.max_batch_size is not None
+            and requested.with_batch_shape(self.max_batch_size, self.dataset_size) == self  # type: ignore[arg-type]
+        )
 
     def live(self, generator: torch.Generator, device: torch.device) -> LiveSubsampledGaussian:
         return LiveSubsampledGaussian(self, generator, device)
@@ -633,8 +688,10 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
 
     def sample(self) -> SampledBatch:
         """Opens one invocation: a Poisson(q) sample of the client's records, drawn by the
-        platform. The previous invocation must be complete (released, or skipped when
-        empty)."""
+        platform, truncated to the run's cap B by a uniformly random subset when the
+        mechanism carries one (``privacy.batch_shape: fixed``; the charge is then the
+        truncated event). The previous invocation must be complete (released, or skipped
+        when empty)."""
         if self._open:
             raise PrivacyContractError(
                 f"{self.mechanism.describe()}: a new Poisson sample before the previous "
@@ -642,9 +699,11 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
             )
         records = self._bound()._records
         assert records is not None
-        positions = poisson_sample(
-            records.num_examples, self.mechanism.sampling_rate, self._generator
-        )
+        m = self.mechanism
+        check_batch_shape(m, records.num_examples)
+        positions = poisson_sample(records.num_examples, m.sampling_rate, self._generator)
+        if m.max_batch_size is not None:
+            positions = truncate_sample(positions, m.max_batch_size, self._generator)
         self._open = True
         self._batch = SampledBatch(self, positions)
         return self._batch
@@ -785,6 +844,16 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
             self._note(RAW_LOSSES_NOTE)
             return noisy, losses
         return noisy
+
+
+def check_batch_shape(mechanism: SubsampledGaussian, num_examples: int) -> None:
+    """A truncated mechanism was charged for a client of ``dataset_size`` records: it
+    samples only that client's records (the charge depends on |D|)."""
+    if mechanism.max_batch_size is not None and mechanism.dataset_size != num_examples:
+        raise PrivacyContractError(
+            f"{mechanism.describe()}: charged for {mechanism.dataset_size} records, but the "
+            f"client holds {num_examples}"
+        )
 
 
 def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device) -> Any:
@@ -1072,7 +1141,7 @@ class PrivacySession:
         """
         if isinstance(mechanism, Mechanism):
             for live in self._live:
-                if live.mechanism == mechanism:
+                if live.mechanism._answers(mechanism):
                     return live
             raise PrivacyContractError(
                 f"the task did not declare {mechanism.describe()} (it declared "

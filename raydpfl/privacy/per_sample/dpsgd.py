@@ -93,6 +93,34 @@ def poisson_sample(
     return mask.nonzero().flatten()
 
 
+def truncate_sample(
+    positions: torch.Tensor, max_batch_size: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Truncates a Poisson sample to at most `max_batch_size` records: when more were
+    drawn, a uniformly random subset of exactly `max_batch_size` of them (without
+    replacement), as dp-accounting's ``TruncatedSubsampledGaussianDpEvent`` assumes
+    (Poisson sampling, "truncate the resulting sample to size truncated_batch_size by
+    sampling a random subset"). A sample at or under the cap is returned as it is and
+    draws nothing, so the stream is consumed exactly as by `poisson_sample` alone until
+    a sample is truncated.
+
+    The subset comes from `generator` (``torch.randperm``: every subset equally likely),
+    or from `os.urandom` for a secure-noise stream (the order of 53-bit uniforms).
+
+    Returns:
+        The sorted positions kept (a subset of `positions`, sorted as they are).
+    """
+    count = int(positions.numel())
+    if count <= max_batch_size:
+        return positions
+    if secure_noise.is_secure(generator):
+        order = secure_noise.uniform(count).argsort().to(positions.device)
+    else:
+        order = torch.randperm(count, generator=generator, device=generator.device)
+        order = order.to(positions.device)
+    return positions[order[:max_batch_size].sort().values]
+
+
 def uniform_draws(n: int, generator: torch.Generator) -> torch.Tensor:
     """`n` uniforms on [0, 1) on the generator's device: the draw behind every Poisson
     sample. From `generator` (``torch.rand``), or from `os.urandom` for a

@@ -27,7 +27,12 @@ gives, up to float error from a different order of summation:
   client's q·|D_i| (an empty Poisson batch is a noise-only step, as in the sequential
   path);
 - clients never interact: chunking clients, or changing which clients share a group,
-  changes nothing but float rounding.
+  changes nothing but float rounding;
+- fixed shapes (``privacy.batch_shape: fixed``, `run`'s ``max_batch_size`` B): each
+  client's Poisson sample is truncated to B on its own stream, right after its Poisson
+  draw and before its noise (`dpsgd.truncate_sample`, as `LiveSubsampledGaussian.sample`
+  does one client at a time), and every step, the first included, runs on (clients, B)
+  padded batches, so the per-step shapes never change.
 
 Two engines compute the clipped per-client sums (`MultiClientDPSGD(engine=...)`):
 
@@ -70,6 +75,7 @@ from raydpfl.privacy.per_sample.dpsgd import (
     clip_weights,
     fill_gaussian_,
     record_loss,
+    truncate_sample,
     uniform_draws,
 )
 
@@ -152,6 +158,7 @@ class _StepSettings(NamedTuple):
     sampling_rate: float
     clip_norm: float
     noise_multiplier: float
+    max_batch_size: int | None = None
 
 
 class MultiClientDPSGD:
@@ -213,6 +220,7 @@ class MultiClientDPSGD:
         sampling_rate: float,
         clip_norm: float,
         noise_multiplier: float,
+        max_batch_size: int | None = None,
     ) -> MultiClientResult:
         """τ DP-SGD steps for every client from the shared `params` (not modified).
 
@@ -227,6 +235,13 @@ class MultiClientDPSGD:
             sampling_rate: Poisson rate q in [0, 1].
             clip_norm: C > 0.
             noise_multiplier: σ ≥ 0 (noise std σ·C on each client's clipped sum).
+            max_batch_size: B for fixed shapes (``privacy.batch_shape: fixed``): each
+                client's Poisson sample is truncated to B records by a uniformly random
+                subset (`dpsgd.truncate_sample`, from its stream right after its Poisson
+                draw, as the sequential `LiveSubsampledGaussian.sample` draws it), and
+                every step runs on (clients, B) padded batches whose masked slots
+                contribute exactly 0; the divisor stays q·|D_i|. None: plain Poisson,
+                batches padded to each step's largest.
         """
         if len(client_indices) != len(generators):
             raise ValueError(f"{len(client_indices)} clients but {len(generators)} generators")
@@ -236,6 +251,12 @@ class MultiClientDPSGD:
             raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
         if noise_multiplier < 0:
             raise ValueError(f"noise std must be >= 0, got {noise_multiplier * clip_norm}")
+        if max_batch_size is not None and (
+            isinstance(max_batch_size, bool)
+            or not isinstance(max_batch_size, int)
+            or max_batch_size < 1
+        ):
+            raise ValueError(f"max_batch_size must be an int >= 1 or None, got {max_batch_size!r}")
         for idx in client_indices:
             if sampling_rate * idx.numel() <= 0:
                 raise ValueError(
@@ -249,7 +270,9 @@ class MultiClientDPSGD:
                 y,
                 client_indices[s : s + chunk],
                 generators[s : s + chunk],
-                _StepSettings(local_steps, lr, sampling_rate, clip_norm, noise_multiplier),
+                _StepSettings(
+                    local_steps, lr, sampling_rate, clip_norm, noise_multiplier, max_batch_size
+                ),
             )
             for s in range(0, len(client_indices), chunk)
         ]
@@ -284,7 +307,7 @@ class MultiClientDPSGD:
         generators: Sequence[torch.Generator],
         settings: _StepSettings,
     ) -> MultiClientResult:
-        local_steps, lr, sampling_rate, clip_norm, noise_multiplier = settings
+        local_steps, lr, sampling_rate, clip_norm, noise_multiplier, cap = settings
         c = len(client_indices)
         ref = next(iter(params.values()))
         device, dtype = ref.device, ref.dtype
@@ -314,29 +337,30 @@ class MultiClientDPSGD:
             uniforms = torch.cat(
                 [uniform_draws(n, g) for n, g in zip(sizes, generators, strict=True)]
             ).to(device)
-            noise = self._draw_noise(start, generators, std)
             chosen = (uniforms < sampling_rate).nonzero().flatten()
+            if cap is not None:  # truncation draws follow each client's Poisson draw
+                chosen = _truncate(chosen, owner, sizes, cap, generators)
+            noise = self._draw_noise(start, generators, std)
             rows, seg = all_rows[chosen], owner[chosen]
             counts = torch.bincount(seg, minlength=c)
-            # (b)+(c) the clipped per-sample gradient sum of every client
+            # (b)+(c) the clipped per-sample gradient sum of every client; with a cap,
+            # always in the fixed (clients, B) padded layout
             summed = None
+            current = stacked or {n: p.unsqueeze(0).expand(c, *p.shape) for n, p in start.items()}
             if self._grouped is not None:
-                current = stacked or {
-                    n: p.unsqueeze(0).expand(c, *p.shape) for n, p in start.items()
-                }
                 try:
                     summed, num_clipped = self._grouped_step(
-                        current, x, y, rows, seg, counts, first_row, clip_norm, x_slice
+                        current, x, y, rows, seg, counts, first_row, clip_norm, x_slice, cap
                     )
                 except SharedLayerError as e:  # this step's draws are made: recompute
                     self._use_vmap(e)
-            if summed is None and stacked is None:
+            if summed is None and stacked is None and cap is None:
                 summed, num_clipped = self._shared_step(
                     start, x[rows], y[rows], seg, c, clip_norm, slice_samples
                 )
             elif summed is None:
                 summed, num_clipped = self._stacked_step(
-                    stacked, x, y, rows, seg, counts, first_row, clip_norm, slice_samples
+                    current, x, y, rows, seg, counts, first_row, clip_norm, slice_samples, cap
                 )
             counts_cpu, clipped_cpu = counts.cpu(), num_clipped.cpu()
             batch_sizes[:, step] = counts_cpu
@@ -381,8 +405,10 @@ class MultiClientDPSGD:
         first_row: torch.Tensor,
         clip_norm: float,
         slice_samples: int,
+        width: int | None = None,
     ) -> tuple[Params, torch.Tensor]:
-        """Book-keeping over the padded batches of all clients (see `_GroupedBookkeeping`)."""
+        """Book-keeping over the padded batches of all clients (see `_GroupedBookkeeping`),
+        padded to `width` (fixed shapes) or to the step's largest batch."""
         assert self._grouped is not None
         c = counts.shape[0]
         summed = {
@@ -390,7 +416,7 @@ class MultiClientDPSGD:
             for n, p in stacked.items()
         }
         num_clipped = torch.zeros(c, dtype=torch.int64, device=seg.device)
-        padded, mask = _pad(rows, seg, counts, first_row)
+        padded, mask = _pad(rows, seg, counts, first_row, width)
         cols = max(1, slice_samples // max(c, 1))
         for s0 in range(0, padded.shape[1], cols):
             idx, m = padded[:, s0 : s0 + cols], mask[:, s0 : s0 + cols]
@@ -454,13 +480,15 @@ class MultiClientDPSGD:
         first_row: torch.Tensor,
         clip_norm: float,
         slice_samples: int,
+        width: int | None = None,
     ) -> tuple[Params, torch.Tensor]:
-        """Each client at its own parameters: batches padded to the step's largest with
-        a mask; padded slots replay the client's first record with weight exactly 0."""
+        """Each client at its own parameters: batches padded to `width` (fixed shapes) or
+        to the step's largest, with a mask; padded slots replay the client's first record
+        with weight exactly 0."""
         c = counts.shape[0]
         summed = {n: torch.zeros_like(p) for n, p in stacked.items()}
         num_clipped = torch.zeros(c, dtype=torch.int64, device=seg.device)
-        padded, mask = _pad(rows, seg, counts, first_row)
+        padded, mask = _pad(rows, seg, counts, first_row, width)
         width = padded.shape[1]
         # slice the padded batch so that c × slice per-sample gradients fit the budget
         cols = max(1, slice_samples // c)
@@ -631,13 +659,47 @@ class _GroupedBookkeeping:
         return {prefix + k: v for k, v in out.items()}
 
 
+def _truncate(
+    chosen: torch.Tensor,
+    owner: torch.Tensor,
+    sizes: Sequence[int],
+    cap: int,
+    generators: Sequence[torch.Generator],
+) -> torch.Tensor:
+    """The Poisson-chosen positions (into the concatenated records) of every client,
+    each client's truncated to `cap` by `dpsgd.truncate_sample` on its own stream (only a
+    client over the cap draws), in client order."""
+    seg = owner[chosen]
+    counts = torch.bincount(seg, minlength=len(sizes)).tolist()
+    if max(counts, default=0) <= cap:
+        return chosen
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + n)
+    parts = []
+    start = 0
+    for i, (k, g) in enumerate(zip(counts, generators, strict=True)):
+        mine = chosen[start : start + k]
+        start += k
+        if k > cap:  # the same draw as the sequential sample: positions in the client's own
+            local = truncate_sample((mine - offsets[i]).to(g.device), cap, g)
+            mine = local.to(chosen.device) + offsets[i]
+        parts.append(mine)
+    return torch.cat(parts)
+
+
 def _pad(
-    rows: torch.Tensor, seg: torch.Tensor, counts: torch.Tensor, first_row: torch.Tensor
+    rows: torch.Tensor,
+    seg: torch.Tensor,
+    counts: torch.Tensor,
+    first_row: torch.Tensor,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(C, B) pool rows of each client's batch padded to the largest B with the
-    client's own first record, and the mask of real slots."""
+    """(C, W) pool rows of each client's batch padded to W (`width`, or the largest
+    batch) with the client's own first record, and the mask of real slots."""
     c = counts.shape[0]
-    width = int(counts.max()) if c else 0
+    if width is None:
+        width = int(counts.max()) if c else 0
     offsets = torch.cumsum(counts, 0) - counts
     rank = torch.arange(rows.numel(), device=rows.device) - offsets[seg]
     padded = first_row.unsqueeze(1).repeat(1, width)
@@ -696,6 +758,7 @@ def run_sessions(
         STEP_STATS_NOTE,
         PrivacyContractError,
         PrivacySession,
+        check_batch_shape,
     )
 
     lives = []
@@ -706,12 +769,18 @@ def run_sessions(
             )
         lives.append(session.dp_sgd())
     mech = lives[0].mechanism
-    if any(live.mechanism != mech for live in lives):
+
+    def shared(m: object) -> tuple:  # a truncated mechanism also names its client's |D|
+        return (m.noise_multiplier, m.clip_norm, m.sampling_rate, m.max_batch_size)  # type: ignore[attr-defined]
+
+    if any(shared(live.mechanism) != shared(mech) for live in lives):
         raise PrivacyContractError("a vectorised group must share one DP-SGD mechanism")
     records = [s._records for s in sessions]  # type: ignore[attr-defined]
     first = records[0]
     if any(r._x is not first._x or r._y is not first._y for r in records):
         raise PrivacyContractError("a vectorised group must share one resident data pool")
+    for live, r in zip(lives, records, strict=True):
+        check_batch_shape(live.mechanism, r.num_examples)
     out = for_model(sessions[0]._model).run(  # type: ignore[attr-defined]
         params,
         first._x,
@@ -723,6 +792,7 @@ def run_sessions(
         sampling_rate=mech.sampling_rate,
         clip_norm=mech.clip_norm,
         noise_multiplier=mech.noise_multiplier,
+        max_batch_size=mech.max_batch_size,
     )
     for live in lives:  # the engine drew τ Poisson batches and noises per client
         live._count_vectorised(local_steps)
