@@ -283,7 +283,6 @@ class PrivacyAccounting:
         algo = self.algorithm
         seed = getattr(algo, "seed", self.settings.run_seed)
         session = open_round_session(algo, round_idx, declared, seed, self._tree_state)
-        session._expect(total.total)  # a sum release must be of the round's uploads
         uploads = RoundUploads(total.total, total.count, dict(total.metric_sums))
         released = session.release_round(uploads, tasks, self._params_like())
         setattr(algo, SERVED_ATTR, True)  # no fresh (direct) session while a server runs it

@@ -187,7 +187,7 @@ def test_the_built_ins_run_with_their_noise_through_the_session():
         (Skipped, POISSON, "overrides aggregate_sum"),
         (Twice, POISSON, "overrides aggregate_sum"),
         (OwnCountNoise, ADAPTIVE, "overrides aggregate_sum"),
-        (ReleasesAgain, POISSON, "not the round's sum of client uploads"),
+        (ReleasesAgain, POISSON, "already made by the platform"),
     ],
     ids=["own-noise", "skipped", "twice", "own-count-noise", "releases-again"],
 )

@@ -20,8 +20,8 @@ server half only the result, a `ReleasedSum` (the noised sum, the number of uplo
 with adaptive clipping the noisy count); the un-noised sum and the clients' metric sums
 never reach algorithm code. While the server half builds its model from it
 (``aggregate_release``), the round's session is set on the algorithm as
-``round_session``, so any further release in the round is refused (a second invocation,
-or a release of anything but the round's sum), and the receipt is checked
+``round_session``; the release closed it (any further draw through it is refused, and
+it no longer holds the tree state), and its receipt is checked afterwards
 (`check_round_receipt`: `PrivacyContractError` naming the round).
 
 DP-FTRL's tree keeps state across rounds that is not noised (the running sum of the
@@ -603,22 +603,16 @@ class LivePopulationMechanism:
         self.count = 0
         self._session: PopulationSession | None = None
 
-    def _check_sum(self, released: Mapping[str, torch.Tensor]) -> None:
-        """The release is of the round's actual sum of uploads: the server sets it on the
-        session before the aggregation (`PopulationSession._expect`), so noising a dummy
-        while the real sum goes out elsewhere is refused. No expectation: a direct call."""
-        actual = None if self._session is None else self._session._actual
-        if actual is None:
-            return
-        same = set(released) == set(actual) and all(
-            torch.equal(released[n].to(actual[n].device), actual[n]) for n in actual
-        )
-        if not same:
-            round_idx = self._session.round_idx if self._session is not None else 0
+    def _check_open(self) -> None:
+        """Refuses a draw once the round's release is made (`PopulationSession.release_round`
+        closes the session before the server half sees it): a further release would draw
+        the round's noise again, from the same stream, beside the one charged."""
+        session = self._session
+        if session is not None and session._released:
             raise PrivacyContractError(
-                f"round {round_idx + 1} (client-level, server half): "
-                f"{self.mechanism.describe()}: the released sum is not the round's sum of "
-                "client uploads; the platform makes the round's one release"
+                f"round {session.round_idx + 1} (client-level, server half): "
+                f"{self.mechanism.describe()}: the round's release was already made by the "
+                "platform; a server half draws nothing of its own"
             )
 
 
@@ -629,7 +623,7 @@ class LiveGaussianSum(LivePopulationMechanism):
 
     def release(self, clipped_sum: Mapping[str, torch.Tensor]) -> Params:
         """Σ + N(0, σ²S²): a new mapping (the inputs are not modified)."""
-        self._check_sum(clipped_sum)
+        self._check_open()
         self.count += 1
         gen = self.streams.round(NOISE_PURPOSE)
         return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
@@ -655,18 +649,19 @@ class LiveAdaptiveClipSum(OpenInvocation, LivePopulationMechanism):
 
     def release(self, clipped_sum: Mapping[str, torch.Tensor]) -> Params:
         """Σ + N(0, z_Δ²S_t²); opens the invocation its `noisy_count` closes."""
+        self._check_open()
         if self._open:
             raise PrivacyContractError(
                 f"{self.mechanism.describe()}: a second update-sum release before the "
                 "count of unclipped updates (one release of each per invocation)"
             )
-        self._check_sum(clipped_sum)
         self._open = True
         gen = self.streams.round(NOISE_PURPOSE)
         return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
 
     def noisy_count(self) -> float:
         """One N(0, σ_b²) draw for Σ_k (b_k − ½); closes the invocation."""
+        self._check_open()
         self._complete(
             self._open,
             "the count of unclipped updates released without its update sum (release() first)",
@@ -693,7 +688,7 @@ class LiveDistributedSum(LivePopulationMechanism):
     mechanism: DistributedGaussianSum
 
     def release(self, summed: Params, tasks: Sequence[Any]) -> Params:
-        self._check_sum(summed)
+        self._check_open()
         self.count += 1
         share = self.mechanism.share
         for task in tasks:
@@ -726,6 +721,7 @@ class LiveTreeRelease(LivePopulationMechanism):
 
     def node_noise(self, like: Mapping[str, torch.Tensor]) -> Params:
         """N(0, σ²S²) shaped like each tensor of `like`, in its order (zeros for σS = 0)."""
+        self._check_open()
         self.count += 1
         m = self.mechanism
         std = m.noise_std
@@ -805,17 +801,13 @@ class PopulationSession(PrivacySession):
         self.streams = streams
         self.round_idx = streams.round_idx
         self._notes: dict[str, None] = {}
-        self._actual: Mapping[str, torch.Tensor] | None = None
-        #: The platform's DP-FTRL tree state (the server's; a direct caller's own).
+        self._released = False  # the round's release is made: nothing more is drawn
+        #: The platform's DP-FTRL tree state (the server's; a direct caller's own); let go
+        #: once the round is released (it holds the clean running sum).
         self.tree = tree
         self._live = [type(u.mechanism).live(u.mechanism, streams) for u in self.declared]  # type: ignore[call-arg]
         for live in self._live:
             live._session = self
-
-    def _expect(self, total: Mapping[str, torch.Tensor] | None) -> None:
-        """The round's actual sum of client uploads (the server's call), which a sum
-        release must be of."""
-        self._actual = None if total is None else dict(total)
 
     def release_round(
         self,
@@ -826,16 +818,22 @@ class PopulationSession(PrivacySession):
         """The platform's release of the round: its one declared mechanism, invoked once on
         `uploads` (the noise drawn in `like`'s parameter order, on its devices); `tasks`
         are the round's tasks (the distributed sum checks their shares). A round declares
-        one population mechanism, once: anything else is refused here."""
+        one population mechanism, once: anything else is refused here. The session is
+        closed afterwards: any further draw through it is refused, and it lets go of the
+        tree state (the server half may hold the session, never the clean sum)."""
         uses_ = [u for u in self.declared if u.count]
-        if len(uses_) != 1 or uses_[0].count != 1 or len(self._live) != len(self.declared):
+        if len(uses_) != 1 or uses_[0].count != 1:
             raise PrivacyContractError(
                 f"round {self.round_idx + 1} (client-level): the platform releases one "
                 f"declared population mechanism once per round, the round declares "
                 f"{_describe(self.declared)}"
             )
         live = self._live[self.declared.index(uses_[0])]
-        return live._release_round(uploads, tasks, like)  # type: ignore[no-any-return]
+        live._check_open()
+        try:
+            return live._release_round(uploads, tasks, like)  # type: ignore[no-any-return]
+        finally:
+            self._released, self.tree = True, None
 
 
 def population_charge(declared: Sequence[MechanismUse]) -> ClientLevelCost | None:

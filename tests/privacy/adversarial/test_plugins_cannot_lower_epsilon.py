@@ -21,6 +21,7 @@ import pytest
 import raydpfl
 from raydpfl.algorithms import DPFedAvg
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
+from raydpfl.algorithms.dp_ftrl_client import DPFTRLClientLevel
 from raydpfl.privacy.accounting.ledger import PrivacyCost
 from raydpfl.privacy.mechanisms.kernel import (
     RAW_RECORDS_NOTE,
@@ -268,7 +269,7 @@ def test_a_server_half_reading_the_exact_clip_count_is_refused():
 
 
 def test_a_release_of_its_own_to_learn_the_noise_is_refused():
-    _client_level_refused(cheats.NoiseFromAnEmptyRound, "not the round's sum of client uploads")
+    _client_level_refused(cheats.NoiseFromAnEmptyRound, "already made by the platform")
 
 
 def test_a_dp_ftrl_server_half_keeping_the_clean_prefix_is_refused():
@@ -300,6 +301,27 @@ def test_a_server_half_gets_only_the_release_and_the_honest_run_is_unchanged():
     listed = honest["unaccounted_releases"]
     assert "cohort_sizes (clients_trained per round in rounds.parquet)" in listed
     assert any(s.startswith("client_metric update_within_clip ") for s in listed)
+
+
+def test_a_dp_ftrl_server_half_holds_no_tree_state_and_cannot_draw_a_node():
+    """During `aggregate_release` the round's session is closed: it holds no tree (the clean
+    running sum is the server's) and refuses a node draw; the honest model is unchanged."""
+    from raydpfl.privacy.mechanisms.kernel import PrivacyContractError as Refused
+
+    seen = []
+
+    class Spy(DPFTRLClientLevel):
+        def aggregate_release(self, global_params, tasks, released):
+            session = self.round_session
+            with pytest.raises(Refused, match="already made by the platform"):
+                session.get().node_noise(global_params)
+            seen.append((session.tree, released.mechanism.round_in_tree))
+            return super().aggregate_release(global_params, tasks, released)
+
+    _same_run(
+        _run_client_level(Spy, config=FTRL), _run_client_level(DPFTRLClientLevel, config=FTRL)
+    )
+    assert seen == [(None, 1), (None, 2), (None, 3)]
 
 
 def test_a_vectorised_client_level_group_has_no_effect():
