@@ -600,12 +600,13 @@ class Algorithm(abc.ABC):
             )
 
     def round_mechanisms(self, round_idx: int) -> tuple[MechanismUse, ...] | None:
-        """Client-level algorithms: the population-level mechanisms the server half invokes
-        in this round (`raydpfl.privacy.mechanisms.client_level_mechanisms`), how often each. The
-        server charges their event to the population ledger before the round is selected
-        and dispatched, sets the round's session on the algorithm (``round_session``) while
-        it aggregates, and checks its receipt. None (default): the round's costs are its
-        tasks'."""
+        """Client-level algorithms: the population-level mechanism released in this round
+        (`raydpfl.privacy.mechanisms.client_level_mechanisms`; one, once). The server
+        charges its event to the population ledger before the round is selected and
+        dispatched; after summing the uploads the platform makes the release itself and
+        hands the server half only the result (``aggregate_release(global_params, tasks,
+        released)``, see `raydpfl.algorithms.dp_fedavg_client.ClientLevelAlgorithm`), then
+        checks the round's receipt. None (default): the round's costs are its tasks'."""
         return None
 
     def round_privacy_cost(self, round_idx: int) -> Any | None:

@@ -7,13 +7,13 @@ Privacy unit: one client (all its training records). Each round:
 2. each sampled client runs τ steps of *non-private* minibatch SGD from the global model
    and clips its update Δ_k to L2 norm S (`clip_update`; flat, or per layer with
    S/√L per parameter tensor so the whole stays within S);
-3. the server sums the clipped updates with uniform weights, adds N(0, σ²S²) once
-   through the round's `ClientGaussianSum` mechanism (`raydpfl.privacy.
-   client_level_mechanisms`: drawn with `raydpfl.privacy.per_sample.dpsgd.gaussian_like` from a
-   stream derived from (run seed, round), or from os.urandom in secure-noise mode) and
-   divides by the *expected* cohort size E = q·N or K, a public constant
-   (`dp_fedavg_update`: the fixed-denominator estimator f̃_f of the paper, §2, with
-   w_k = 1, W = N);
+3. the platform sums the clipped updates with uniform weights and adds N(0, σ²S²) once
+   through the round's `ClientGaussianSum` mechanism (`raydpfl.privacy.mechanisms.
+   client_level_mechanisms`: drawn with `raydpfl.privacy.per_sample.dpsgd.gaussian_like`
+   from a stream derived from (run seed, round), or from os.urandom in secure-noise
+   mode); the server half receives only that release (a `ReleasedSum`) and divides by
+   the *expected* cohort size E = q·N or K, a public constant (`dp_fedavg_update`: the
+   fixed-denominator estimator f̃_f of the paper, §2, with w_k = 1, W = N);
 4. θ ← θ + (Σ_k clip_S(Δ_k) + z) / E (server learning rate 1).
 
 Distributed noise (``noise: distributed``, fixed-size sampling only): each client adds
@@ -24,8 +24,9 @@ the same ε.
 
 Adaptive clipping (``adaptive_clipping``; Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS
 2021, Algorithm 1 with the geometric update): each client also reports the bit
-b_k = 1[‖Δ_k‖ ≤ S_t]; the server releases Σ_k (b_k − ½) + N(0, σ_b²), turns it into the
-noisy unclipped fraction b̃ and sets S_{t+1} = S_t·exp(−η_C (b̃ − γ)). The two Gaussian
+b_k = 1[‖Δ_k‖ ≤ S_t]; the platform releases Σ_k (b_k − ½) + N(0, σ_b²)
+(`ReleasedSum.noisy_clip_count`), the server half turns it into the noisy unclipped
+fraction b̃ and sets S_{t+1} = S_t·exp(−η_C (b̃ − γ)). The two Gaussian
 releases of a round (updates: sensitivity S_t, noise z_Δ S_t; centred bits: sensitivity
 ½, noise σ_b) compose to one Gaussian with noise multiplier σ when
 z_Δ = (σ⁻² − (2σ_b)⁻²)^(−½) (`update_noise_multiplier`), so the round's accounting is
@@ -42,9 +43,12 @@ shared with record-level FedAvg, DP-FedAvg, FedProx and DP-FedProx.
 Accounting is at the population level (`raydpfl.privacy.accounting.client_level`): the server half
 declares the round's mechanism (`round_mechanisms`); the server charges its event once,
 before the round is dispatched, to the run's `ClientLevelLedger` (`round_privacy_cost`
-is derived from it), hands the aggregation the round's session (``round_session``) and
-refuses a round whose noise was not drawn through it exactly once. Tasks declare no
-per-client cost (distributed: a share charged with the round). This module imports no Ray.
+is derived from it), makes the round's release itself after summing the uploads, and
+hands the server half (`aggregate_release`) only the `ReleasedSum`; a further release in
+the round is refused. Tasks declare no per-client cost (distributed: a share charged with
+the round). `aggregate_sum` is the direct-call path (tests, notebooks): the same release
+on a `WeightedUpdateSum` the caller holds, then `aggregate_release`; the server never
+calls it, and refuses a client-level class that overrides it. This module imports no Ray.
 """
 
 from __future__ import annotations
@@ -64,9 +68,11 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
+    ServerRound,
     WeightedUpdateSum,
     privacy_session,
     uniform_cohort,
+    with_round,
 )
 from raydpfl.algorithms.fedavg import FedAvg
 
@@ -81,14 +87,18 @@ from raydpfl.privacy.accounting.client_level import ClientLevelCost
 from raydpfl.privacy.mechanisms.client_level_mechanisms import (  # noqa: F401 (re-exported)
     COUNT_NOISE_PURPOSE,
     NOISE_PURPOSE,
+    WITHIN_CLIP_METRIC,
     AdaptiveClipGaussianSum,
     ClientGaussianSum,
     DistributedGaussianSum,
     GaussianShare,
+    ReleasedSum,
+    RoundUploads,
     add_aggregate_noise,
     aggregate_noise_std,
     distributed_noise_std,
     population_charge,
+    release_directly,
     round_noise_generator,
     round_session,
     update_noise_multiplier,
@@ -144,6 +154,12 @@ def noisy_unclipped_fraction(
     return (within - 0.5 * count + noise) / expected_cohort + 0.5
 
 
+def unclipped_fraction(noisy_clip_count: float, expected_cohort: float) -> float:
+    """b̃ = Σ̃ / E + ½ from the released centred count Σ̃ = Σ_k (b_k − ½) + N(0, σ_b²)
+    (`ReleasedSum.noisy_clip_count`): `noisy_unclipped_fraction` on released values only."""
+    return noisy_clip_count / expected_cohort + 0.5
+
+
 def geometric_clip_update(
     clip_norm: float, unclipped_fraction: float, target_quantile: float, clip_lr: float
 ) -> float:
@@ -176,7 +192,9 @@ class ClientLevelAlgorithm(Algorithm):
     event of the mechanisms the server half declares (`round_mechanisms`).
 
     Subclasses set the population and the cohort (`select`, which starts with
-    `_start_round`), the round's mechanisms and the noisy aggregate (`aggregate_sum`).
+    `_start_round`), the round's mechanisms (`round_mechanisms`) and the model built from
+    the round's release (`aggregate_release`). The platform, not the subclass, sums the
+    uploads and makes the release.
     """
 
     is_private = True
@@ -230,6 +248,32 @@ class ClientLevelAlgorithm(Algorithm):
         every client of the round)."""
         return {}
 
+    def aggregate_release(
+        self, global_params: Params, tasks: Sequence[ClientTask], released: ReleasedSum
+    ) -> Params:
+        """The server half: the new global parameters from the round's release, made by
+        the platform (`ReleasedSum`: the noised sum, the number of uploads, the noisy
+        count with adaptive clipping). It may take ``server_round`` like `aggregate`."""
+        raise NotImplementedError(f"{type(self).__name__} builds no model from a release")
+
+    def aggregate_sum(
+        self,
+        global_params: Params,
+        tasks: Sequence[ClientTask],
+        total: WeightedUpdateSum,
+        server_round: ServerRound | None = None,
+    ) -> Params:
+        """The direct-call path (tests, notebooks): the release the platform would make of
+        `total` in this round (`release_directly`: the same streams, the same bits), then
+        `aggregate_release`. The server never calls it: it makes the release itself and
+        refuses a client-level class that overrides this (the override would see the
+        un-noised sum)."""
+        uploads = RoundUploads(total.total, total.count, dict(total.metric_sums))
+        released = release_directly(
+            self, self._round, self.round_mechanisms, self.seed, uploads, tasks, global_params
+        )
+        return with_round(self.aggregate_release, server_round)(global_params, tasks, released)
+
     def plan(
         self, round_idx: int, cohort: Sequence[int], train_sizes: np.ndarray
     ) -> list[ClientTask]:
@@ -274,7 +318,7 @@ class ClientLevelAlgorithm(Algorithm):
         if self.reports_within_clip:
             # b_k of adaptive clipping: summed (exactly: 0/1 floats) with the updates;
             # only its noisy sum is used (its mean in rounds.parquet is a diagnostic).
-            metrics["update_within_clip"] = float(norm <= clip)
+            metrics[WITHIN_CLIP_METRIC] = float(norm <= clip)
         return ClientResult(
             client_id=task.client_id,
             update=update,
@@ -428,36 +472,29 @@ class DPFedAvgClientLevel(ClientLevelAlgorithm):
         # because the workers' copy of this object is the one built at start.
         return {"mechanisms": shares, "extras": {"update_clip_norm": self.current_clip_norm}}
 
-    def aggregate_sum(
-        self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
+    def aggregate_release(
+        self, global_params: Params, tasks: Sequence[ClientTask], released: ReleasedSum
     ) -> Params:
-        """θ + (Σ clip(Δ_k) [+ z]) / E. Uniform weights: every result has weight 1, so
-        ``total.total`` is the plain sum of the clipped (and, distributed, noised) updates;
-        an empty cohort still gets the noise (the release happens every round)."""
-        if total.total is None:
-            summed = {n: torch.zeros_like(t) for n, t in global_params.items()}
-        else:
-            summed = {n: total.total[n].to(global_params[n].device) for n in global_params}
-        # the round's mechanism, live: the server's session, or (direct calls) a fresh one
-        session = round_session(self, self._round, self.round_mechanisms, self.seed)
-        live = session.get()
-        if self.noise == "distributed":
-            summed = live.release(summed, tasks)
-        else:
-            summed = live.release(summed)
+        """θ + (Σ clip(Δ_k) + z) / E from the platform's release (distributed: the sum of
+        the noised uploads; an empty cohort still gets the noise: the release happens
+        every round), or the server optimizer's step on that mean; with adaptive
+        clipping, S moves by the released noisy count."""
+        summed = released.noisy_sum
         if self.adaptive_clipping:
-            self._adapt_clip_norm(total, live)
+            self._adapt_clip_norm(released)
         if self._server_opt.plain:
             return dp_fedavg_update(global_params, summed, self.expected_cohort)
         mean = {n: summed[n] / self.expected_cohort for n in global_params}
         return self._server_opt.step(global_params, mean)
 
-    def _adapt_clip_norm(self, total: WeightedUpdateSum, live: Any) -> None:
-        """Releases the noisy unclipped fraction (the count's N(0, σ_b²) drawn by the
-        round's `AdaptiveClipGaussianSum`) and moves S (Andrew et al. 2021)."""
-        within = float(total.metric_sums.get("update_within_clip", 0.0))
-        noise = live.noisy_count()
-        fraction = noisy_unclipped_fraction(within, total.count, noise, self.expected_cohort)
+    def _adapt_clip_norm(self, released: ReleasedSum) -> None:
+        """The noisy unclipped fraction from the released count (the platform's
+        `AdaptiveClipGaussianSum` release) and the next S (Andrew et al. 2021)."""
+        if released.noisy_clip_count is None:
+            raise ValueError(
+                "adaptive clipping needs the round's noisy count of unclipped updates"
+            )
+        fraction = unclipped_fraction(released.noisy_clip_count, self.expected_cohort)
         used = self.current_clip_norm
         self.current_clip_norm = geometric_clip_update(
             used, fraction, self.target_quantile, self.clip_lr

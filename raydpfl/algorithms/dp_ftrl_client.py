@@ -9,12 +9,13 @@ cut into T = ⌊N/K⌋ rounds of K clients, so every client joins at most one ro
 
 1. each client of the round runs τ non-private SGD steps from the global model and clips
    its update Δ to L2 norm S (`raydpfl.algorithms.dp_fedavg_client.clip_update`);
-2. the server adds the round's sum g_t = Σ_k clip(Δ_k) to the epoch's running sum and
+2. the platform adds the round's sum g_t = Σ_k clip(Δ_k) to the epoch's running sum and
    releases the *noisy prefix sum* Ŝ_t = Σ_{i≤t} g_i + Σ_{nodes} z_node through the binary
    tree (`tree_node_for`, `prefix_nodes`): node [a, b] carries its own N(0, σ²S²), and the
    prefix [1, t] is the sum of the ⌈popcount(t)⌉ dyadic nodes that cover it, so its noise
    variance is popcount(t)·σ²S² (Kairouz et al., Alg. 1 and §B; no Honaker estimator);
-3. θ_t = θ_start + η_s·Ŝ_t / K: FTRL with the quadratic regulariser centred at the
+3. the server half, which receives only Ŝ_t (`ReleasedSum`), sets
+   θ_t = θ_start + η_s·Ŝ_t / K: FTRL with the quadratic regulariser centred at the
    epoch's starting model (Eq. 2 with the pseudo-gradient −Δ), restarted every epoch
    (the "tree restart" of §4).
 
@@ -23,13 +24,13 @@ adjacency: one client's updates replaced by zeros; `raydpfl.privacy.accounting.c
 charged before the epoch's first round. Every round's release is the kernel mechanism
 `raydpfl.privacy.mechanisms.client_level_mechanisms.TreeAggregationRelease` (declared by
 `round_mechanisms`; the first round of a tree charges the tree's event, the later ones
-are covered by it): the server hands the aggregation the round's session and refuses a
-round that did not draw its one node through it. Node noise is drawn from a stream
-derived from (run seed, epoch, node), so the same run gives the same bits on any
-backend; the nodes
-still in use (at most one per tree level) are kept as server state and checkpointed, so
-a resumed run, or one in secure-noise mode (draws from os.urandom), reuses each node's
-noise rather than drawing it again. This module imports no Ray.
+are covered by it). The platform makes every round's release and keeps what is not
+released: the epoch's clean running sum and the noise of the nodes still in use (at most
+one per tree level) are its `TreeState`, on the server, checkpointed by the server, so a
+resumed run, or one in secure-noise mode (draws from os.urandom), reuses each node's
+noise rather than drawing it again. Node noise is drawn from a stream derived from (run
+seed, epoch, node), so the same run gives the same bits on any backend. The server half
+keeps only the epoch's starting model (a released model). This module imports no Ray.
 """
 
 from __future__ import annotations
@@ -44,17 +45,13 @@ import torch
 from raydpfl.algorithms.base import (
     ClientTask,
     Params,
-    WeightedUpdateSum,
 )
 from raydpfl.algorithms.dp_fedavg_client import ClientLevelAlgorithm
-from raydpfl.algorithms.tensor_state import (
-    pack_client_tensors,
-    pack_tensors,
-    unpack_tensor_state,
-)
+from raydpfl.algorithms.tensor_state import pack_tensors, unpack_tensor_state
 from raydpfl.privacy.accounting.client_level import ClientLevelCost, tree_schedule
 from raydpfl.privacy.mechanisms.client_level_mechanisms import (  # noqa: F401 (re-exported)
     NODE_PURPOSE,
+    ReleasedSum,
     TreeAggregationRelease,
     population_charge,
     round_session,
@@ -147,12 +144,10 @@ class DPFTRLClientLevel(ClientLevelAlgorithm):
             noise_multiplier, "tree", num_clients, None, cohort_size, 1, self.tree_rounds
         )
         self.server_lr = float(server_lr)
-        # Server state within an epoch (checkpointed): the model at the epoch's start, the
-        # clean sum of the rounds so far, and the noise of the nodes still in use (one per
-        # level at most: those of `prefix_nodes(t)`).
+        # Server-half state within an epoch (checkpointed): the model at the epoch's start
+        # (a released model). The clean running sum and the nodes' noise are the
+        # platform's (`TreeState`), never this object's.
         self._start: Params | None = None
-        self._clean: Params | None = None
-        self._nodes: dict[int, Params] = {}
 
     @property
     def expected_cohort(self) -> float:
@@ -189,32 +184,16 @@ class DPFTRLClientLevel(ClientLevelAlgorithm):
         k = self.cohort_size
         return sorted(int(c) for c in order[(t - 1) * k : t * k])
 
-    def aggregate_sum(
-        self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
+    def aggregate_release(
+        self, global_params: Params, tasks: Sequence[ClientTask], released: ReleasedSum
     ) -> Params:
-        """θ_start + η_s (Σ_{i≤t} g_i + noise of the prefix's nodes) / K."""
-        _, t = self._position(self._round)
-        if t == 1 or self._start is None or self._clean is None:
+        """θ_start + η_s Ŝ_t / K, Ŝ_t the platform's noisy prefix sum of the epoch's tree;
+        a tree's first round (or a run without an epoch start) starts from θ."""
+        if released.mechanism.round_in_tree == 1 or self._start is None:  # type: ignore[attr-defined]
             self._start = {n: p.detach().clone() for n, p in global_params.items()}
-            self._clean = {n: torch.zeros_like(p) for n, p in global_params.items()}
-            self._nodes = {}
-        if total.total is not None:
-            for n in self._clean:
-                self._clean[n].add_(total.total[n].to(self._clean[n].device))
-        # the round's mechanism, live: the server's session, or (direct calls) a fresh one
-        live = round_session(self, self._round, self.round_mechanisms, self.seed).get()
-        level, _ = live.node
-        # the node completing now replaces the lower-level nodes it covers
-        self._nodes = {lv: z for lv, z in self._nodes.items() if lv > level}
-        self._nodes[level] = live.node_noise(self._start)
         scale = self.server_lr / self.cohort_size
-        out = {}
-        for n, start in self._start.items():
-            noisy = self._clean[n].clone()
-            for lv in sorted(self._nodes, reverse=True):  # the prefix's nodes, highest first
-                noisy.add_(self._nodes[lv][n])
-            out[n] = start + scale * noisy
-        return out
+        prefix = released.noisy_sum
+        return {n: start + scale * prefix[n] for n, start in self._start.items()}
 
     def unaccounted_releases(self) -> list[str]:
         return [
@@ -225,28 +204,16 @@ class DPFTRLClientLevel(ClientLevelAlgorithm):
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"levels": sorted(self._nodes), "has_epoch": self._start is not None}
+        return {"has_epoch": self._start is not None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._pending_levels = list(state.get("levels", []))
+        self._start = None
 
     def tensor_state(self) -> dict[str, torch.Tensor]:
-        if self._start is None or self._clean is None:
+        if self._start is None:
             return {}
-        out = {**pack_tensors("epoch_start", self._start), **pack_tensors("clean", self._clean)}
-        out.update(pack_client_tensors("node", self._nodes))
-        return out
+        return pack_tensors("epoch_start", self._start)
 
     def load_tensor_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        shared, per_level = unpack_tensor_state(
-            tensors, shared=("epoch_start", "clean"), per_client=("node",)
-        )
+        shared, _ = unpack_tensor_state(tensors, shared=("epoch_start",), per_client=())
         self._start = shared.get("epoch_start")
-        self._clean = shared.get("clean")
-        self._nodes = dict(per_level.get("node", {}))
-        expected = getattr(self, "_pending_levels", None)
-        if expected is not None and sorted(self._nodes) != sorted(expected):
-            raise ValueError(
-                f"checkpointed tree nodes {sorted(self._nodes)} do not match the state's "
-                f"levels {sorted(expected)}"
-            )

@@ -36,8 +36,8 @@ documented door, and the algorithm records what the threat model's adversary see
 - **Canary clients** (client level): clients appended to the population whose raw update
   is G·e_j when included and 0 when not (under the fixed-denominator estimator a client
   whose update is 0 contributes exactly what a removed client contributes). The update
-  goes through the real `clip_update`; the server adds the real noise
-  (`DPFedAvgClientLevel.aggregate_sum`).
+  goes through the real `clip_update`; the platform adds the real noise and the server
+  half records the released step (`DPFedAvgClientLevel.aggregate_release`).
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ from raydpfl.algorithms.base import (
     ClientResult,
     ClientTask,
     Params,
-    WeightedUpdateSum,
 )
 from raydpfl.algorithms.dp_fedavg import DPFedAvg
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
 from raydpfl.algorithms.local_dp_sgd import per_sample_losses
 from raydpfl.data.federated import FederatedDataset
+from raydpfl.privacy.mechanisms.client_level_mechanisms import ReleasedSum
 from raydpfl.privacy.per_sample.dpsgd import ClippedSumEngine, StepStats, WeightRule, needs_losses
 from raydpfl.simulation.worker import ModelSpec
 
@@ -441,10 +441,10 @@ class AuditedDPFedAvgClient(DPFedAvgClientLevel):
             metrics={"update_norm": norm, "update_clipped": float(norm > clip)},
         )
 
-    def aggregate_sum(
-        self, global_params: Params, tasks: Sequence[ClientTask], total: WeightedUpdateSum
+    def aggregate_release(
+        self, global_params: Params, tasks: Sequence[ClientTask], released: ReleasedSum
     ) -> Params:
-        new = super().aggregate_sum(global_params, tasks, total)
+        new = super().aggregate_release(global_params, tasks, released)
         step = (new[PROBE] - global_params[PROBE])[0].double().cpu().numpy()
         self.audit_rounds.append(step * self.expected_cohort)
         return new

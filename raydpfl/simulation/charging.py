@@ -5,11 +5,13 @@ ledger honest, in one place: it stamps client-level tasks with the round's bound
 checks declarations (`_check_declared`), charges each task's declared mechanisms before
 dispatch (`_charge`, `_charge_tasks`; a client-level round's event before the cohort is
 drawn, `_charge_round`), logs every batch of charges (`_log_charges`; on resume, checks the
-replay against the log), opens the round's population session on the actual sum of
-uploads (`_round_session`), checks receipts (`check_receipts`), lists what came back
-outside a mechanism (`_note_releases`) and writes summary.json's privacy block from the
-charges (`_privacy_block`). The mixin reads the server's state (`algorithm`, `ledger`,
-`writer`, `settings`, the replay state); it never imports Ray.
+replay against the log), makes a client-level round's release itself on the actual sum
+of uploads and hands the server half only the result (`_released_round`; the DP-FTRL tree
+state it keeps is checkpointed with the server, `_population_checkpoint`), checks
+receipts (`check_receipts`), lists what came back outside a mechanism (`_note_releases`)
+and writes summary.json's privacy block from the charges (`_privacy_block`). The mixin
+reads the server's state (`algorithm`, `ledger`, `writer`, `settings`, the replay
+state); it never imports Ray.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ from typing import Any
 
 import torch
 
-from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask
+from raydpfl.algorithms.base import Algorithm, ClientResult, ClientTask, WeightedUpdateSum
+from raydpfl.algorithms.dp_fedavg_client import ClientLevelAlgorithm
 from raydpfl.privacy.accounting.client_level import POPULATION, ClientLevelLedger
 from raydpfl.privacy.accounting.ledger import PrivacyLedger
 from raydpfl.privacy.accounting.plan import check_planned
 from raydpfl.privacy.mechanisms.client_level_mechanisms import (
     ROUND_SESSION_ATTR,
+    SERVED_ATTR,
+    ReleasedSum,
+    RoundUploads,
+    TreeState,
     check_round_receipt,
     open_round_session,
     population_charge,
@@ -62,6 +69,9 @@ class PrivacyAccounting:
     _platform_unaccounted: dict[str, None]
     _charged: dict[tuple[tuple[str, Any], ...], list[int]]
     _epsilon_stats: Any  # the server's ε statistics, brought up to date (a method)
+    _tree_state: (
+        TreeState  # a client-level run's DP-FTRL tree (the platform's, not the algorithm's)
+    )
 
     def _stamp_bound(self, tasks: Sequence[ClientTask]) -> list[ClientTask]:
         """In a client-level round, every task carries the round's S (the bound of its
@@ -138,6 +148,9 @@ class PrivacyAccounting:
         # Client-level DP covers everything a client's records do to its clipped update:
         # its local training reads them by design.
         client_level = self.algorithm.privacy_unit == "client"
+        if client_level:
+            # the number of uploads summed: un-noised, in rounds.parquet and the release
+            found.setdefault(COHORT_SIZES_NOTE, None)
         for receipt in receipts:
             for note in receipt.notes if receipt is not None else ():
                 if not (client_level and note == RAW_RECORDS_NOTE):
@@ -255,6 +268,7 @@ class PrivacyAccounting:
                 )
             return None
         declared = tuple(declared_uses)
+        self._check_server_half(round_idx)
         if client_level and not any(u.count for u in declared):
             raise PrivacyContractError(
                 f"round {round_idx + 1}: algorithm {algo.name!r} is client-level private but "
@@ -270,26 +284,74 @@ class PrivacyAccounting:
             )
         return declared
 
+    def _check_server_half(self, round_idx: int) -> None:
+        """A round with population mechanisms is released by the platform, and its server
+        half is `aggregate_release`, which sees only the release: an override of
+        `aggregate_sum` or `aggregate` (hooks that would see the un-noised sum, or each
+        clipped upload) is refused, in one line naming the algorithm and the round."""
+        algo = self.algorithm
+        platform = {
+            "aggregate_sum": (Algorithm.aggregate_sum, ClientLevelAlgorithm.aggregate_sum),
+            "aggregate": (Algorithm.aggregate,),
+        }
+        for hook, allowed in platform.items():
+            if hook in vars(algo) or getattr(type(algo), hook) not in allowed:
+                raise PrivacyContractError(
+                    f"round {round_idx + 1} (client-level, server half): algorithm "
+                    f"{algo.name!r} overrides {hook}, which would see the un-noised uploads; "
+                    "the platform makes the round's release and the server half is "
+                    "aggregate_release(global_params, tasks, released)"
+                )
+        if not callable(getattr(algo, "aggregate_release", None)):
+            raise PrivacyContractError(
+                f"round {round_idx + 1} (client-level, server half): algorithm {algo.name!r} "
+                "has no aggregate_release(global_params, tasks, released) to build its model "
+                "from the round's release"
+            )
+
     @contextlib.contextmanager
-    def _round_session(
-        self, round_idx: int, actual_sum: Mapping[str, torch.Tensor] | None = None
-    ) -> Iterator[None]:
-        """Client-level rounds: the aggregation runs with the round's `PopulationSession`
-        set on the algorithm (``round_session``); afterwards its receipt must equal the
-        declared, charged releases (`check_round_receipt`: one line naming the round)."""
+    def _released_round(
+        self, round_idx: int, total: WeightedUpdateSum, tasks: Sequence[ClientTask]
+    ) -> Iterator[ReleasedSum]:
+        """Client-level rounds: the platform's release of the round's actual sum of uploads
+        through the round's `PopulationSession` (`release_round`; its tree state, for
+        DP-FTRL, is the server's), yielded for the server half. While the server half
+        builds its model the session is set on the algorithm (``round_session``), so any
+        release of its own in the round is refused; afterwards the receipt must equal the
+        declared, charged release (`check_round_receipt`: one line naming the round)."""
         declared = self._round_declared
-        if declared is None:
-            yield
-            return
-        seed = getattr(self.algorithm, "seed", self.settings.run_seed)
-        session = open_round_session(self.algorithm, round_idx, declared, seed)
-        session._expect(actual_sum)  # a sum release must be of the round's uploads
-        setattr(self.algorithm, ROUND_SESSION_ATTR, session)
+        assert declared is not None
+        algo = self.algorithm
+        seed = getattr(algo, "seed", self.settings.run_seed)
+        session = open_round_session(algo, round_idx, declared, seed, self._tree_state)
+        uploads = RoundUploads(total.total, total.count, dict(total.metric_sums))
+        released = session.release_round(uploads, tasks, self._params_like())
+        setattr(algo, SERVED_ATTR, True)  # no fresh (direct) session while a server runs it
+        setattr(algo, ROUND_SESSION_ATTR, session)
         try:
-            yield
+            yield released
         finally:
-            setattr(self.algorithm, ROUND_SESSION_ATTR, None)
+            setattr(algo, ROUND_SESSION_ATTR, None)
         check_round_receipt(round_idx, declared, session.receipt())
+
+    def _params_like(self) -> Mapping[str, torch.Tensor]:
+        """The global model (the release's parameter order and devices)."""
+        return self.params  # type: ignore[attr-defined,no-any-return]
+
+    def _population_checkpoint(self) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
+        """The platform's population state to checkpoint: (JSON, tensors under the
+        `TreeState.PREFIX` keys, beside the algorithm's own tensor state)."""
+        return self._tree_state.state_dict(), self._tree_state.tensor_state()
+
+    def _restore_population(
+        self, state: Mapping[str, Any] | None, tensors: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Restores the platform's population state from a checkpoint; returns the tensors
+        that are the algorithm's."""
+        prefix = TreeState.PREFIX
+        ours = {k: t for k, t in tensors.items() if k.startswith(prefix)}
+        self._tree_state.load(state, ours)
+        return {k: t for k, t in tensors.items() if not k.startswith(prefix)}
 
     def _log_charges(self, round_idx: int, charges: list[tuple[int, dict[str, Any]]]) -> None:
         """Appends a batch of charges to the log (synced), or, in a replayed round, checks
@@ -361,6 +423,10 @@ class PrivacyAccounting:
                     "(ClientTask.mechanisms); nothing would be charged for its training"
                 )
 
+
+#: What a client-level run lists for the number of uploads of each round (un-noised; the
+#: platform's listing, worded as `DPFedAvgClientLevel` words its own).
+COHORT_SIZES_NOTE = "cohort_sizes (clients_trained per round in rounds.parquet)"
 
 #: The fields every `ClientResult` has; a result type's other fields travel beside the
 #: update and are listed as unaccounted (`PrivacyAccounting._note_releases`).

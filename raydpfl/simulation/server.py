@@ -7,9 +7,9 @@ One round (design.md §1):
   3. charge the ledger          (before dispatch; a task that would exceed the client's
                                  budget is refused and never sent)
   4. workers train              (backend; results in plan order)
-  5. aggregate                  (algorithm; a client-level round draws its declared,
-                                 charged noise through the round's session, and its
-                                 receipt is checked)
+  5. aggregate                  (algorithm; in a client-level round the platform
+                                 releases the sum through the round's declared, charged
+                                 mechanism and the server half gets only the release)
   6. per-round optimisers       (algorithm.after_round)
   7. evaluate, record, report
 
@@ -39,6 +39,7 @@ from raydpfl.algorithms.base import (
 from raydpfl.privacy.accounting.client_level import ClientLevelLedger
 from raydpfl.privacy.accounting.ledger import PrivacyLedger
 from raydpfl.privacy.accounting.ledger_stats import EpsilonStats
+from raydpfl.privacy.mechanisms.client_level_mechanisms import TreeState
 from raydpfl.privacy.mechanisms.kernel import (
     MechanismUse,
 )
@@ -133,6 +134,9 @@ class Server(PrivacyAccounting):
         # Client-level runs: the population-level mechanisms the current round declared
         # (charged before dispatch, drawn through the round's session at aggregation).
         self._round_declared: tuple[MechanismUse, ...] | None = None
+        # DP-FTRL: the tree's clean running sum and its nodes' noise (the platform's state,
+        # never the algorithm's; checkpointed beside the algorithm's tensor state).
+        self._tree_state = TreeState()
         # What the platform saw leave the client halves un-noised (receipt notes, client
         # metric keys), listed in summary.json's unaccounted_releases; an ordered set.
         self._platform_unaccounted: dict[str, None] = {}
@@ -228,13 +232,21 @@ class Server(PrivacyAccounting):
         algorithm's follow-ups; (clients trained, updates received, the results' mean
         metrics, the follow-ups' results)."""
         algo = self.algorithm
-        if algo.linear_aggregation:
+        # A round with population mechanisms (client level) is always summed and released
+        # by the platform, whatever the algorithm says of its aggregation.
+        released_here = self._round_declared is not None
+        if algo.linear_aggregation or released_here:
             groups = group_tasks(tasks, self.train_sizes, self.settings.aggregation_groups)
             partials = backend.run_groups(self.params, groups) if groups else []
             total = WeightedUpdateSum.merged(partials)
             check_receipts(tasks, total.receipts)
             self._note_releases([r for _, r in total.receipts], total.metric_sums)
-            with self._round_session(round_idx, total.total):
+            if released_here:
+                with self._released_round(round_idx, total, tasks) as released:
+                    self.params = with_round(algo.aggregate_release, server_round)(  # type: ignore[attr-defined]
+                        self.params, tasks, released
+                    )
+            else:
                 self.params = with_round(algo.aggregate_sum, server_round)(
                     self.params, tasks, total
                 )
@@ -243,8 +255,7 @@ class Server(PrivacyAccounting):
         results = backend.run_tasks(self.params, tasks) if tasks else []
         check_receipts(tasks, [(r.client_id, r.receipt) for r in results])
         self._note_results(results)
-        with self._round_session(round_idx):
-            self.params = with_round(algo.aggregate, server_round)(self.params, tasks, results)
+        self.params = with_round(algo.aggregate, server_round)(self.params, tasks, results)
         check_finite_model(self.params, round_idx, [t.client_id for t in tasks])
         metrics = _mean_metrics([r.metrics for r in results])
         followups: list[ClientResult] = []
@@ -270,11 +281,19 @@ class Server(PrivacyAccounting):
     def _write_checkpoint(self) -> None:
         if self.writer is None or not self.algorithm.resumable:
             return
+        tensors = dict(self.algorithm.tensor_state())
+        _, population = self._population_checkpoint()
+        if any(k.startswith(TreeState.PREFIX) for k in tensors):
+            raise ValueError(
+                f"algorithm {self.algorithm.name!r}: tensor state keys starting with "
+                f"{TreeState.PREFIX!r} are the platform's"
+            )
+        tensors.update(population)
         self.writer.write_checkpoint(
             self.rounds_completed,
             self.params,
             self.checkpoint_state(),
-            self.algorithm.tensor_state(),
+            tensors,
             log_entries=self._log_position,
         )
 
@@ -289,6 +308,7 @@ class Server(PrivacyAccounting):
             "ledger": self.ledger.to_dict() if self.ledger is not None else None,
             "algorithm": self.algorithm.state_dict(),
             "platform_unaccounted": list(self._platform_unaccounted),
+            "population": self._population_checkpoint()[0],
         }
 
     def resume(self) -> int:
@@ -329,8 +349,11 @@ class Server(PrivacyAccounting):
         for batch in settled:
             for _, cost in batch.charges:
                 self._count_charge(cost)
+        tensors = self._restore_population(
+            state.get("population"), {n: t.to(device) for n, t in tensors.items()}
+        )
         self.algorithm.load_state_dict(state["algorithm"])
-        self.algorithm.load_tensor_state({n: t.to(device) for n, t in tensors.items()})
+        self.algorithm.load_tensor_state(tensors)
         self.writer.prepare_resume(self.rounds_completed, self.rows)
         self.resumed_from = self.rounds_completed
         return self.rounds_completed

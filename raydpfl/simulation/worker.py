@@ -28,7 +28,11 @@ from raydpfl.algorithms.base import (
 from raydpfl.algorithms.multi_model import ALL_MODELS, GLOBAL_MODEL
 from raydpfl.data.federated import FederatedDataset, IndexTable
 from raydpfl.models import assert_dp_compatible, build_model
-from raydpfl.privacy.mechanisms.client_level_mechanisms import GaussianShare, check_update_bound
+from raydpfl.privacy.mechanisms.client_level_mechanisms import (
+    GaussianShare,
+    check_update_bound,
+    check_upload_terms,
+)
 from raydpfl.privacy.mechanisms.kernel import (
     RAW_RECORDS_NOTE,
     RESULT_WEIGHT_NOTE,
@@ -331,7 +335,8 @@ class ClientWorker:
     ) -> None:
         """A client-level upload: clipped to the round's S (central noise), or exactly the
         output of the client's `GaussianShare`, which checked ‖Δ‖ ≤ S before adding its
-        share (distributed noise)."""
+        share (distributed noise); weight 1 and a 0/1 clip bit (`check_upload_terms`)."""
+        check_upload_terms(result.weight, result.metrics, f"{where} ({task.kind} task)")
         bound = float(task.client_update_bound)  # type: ignore[arg-type]
         shares = [live for live in session if type(live.mechanism) is GaussianShare]
         if not shares:
@@ -385,6 +390,8 @@ class ClientWorker:
     def _vectorise(self, group: Sequence[ClientTask]) -> bool:
         """Whether to train `group` vectorised over clients (see `multi_client`)."""
         if self.vectorise == "off" or len(group) < 2:
+            return False
+        if group[0].client_update_bound is not None:  # client level: every upload checked
             return False
         if not self.algorithm.supports_group(group):
             return False

@@ -1,11 +1,13 @@
-"""Client-level privacy by construction, end to end: the server half's noise goes through
-the round's kernel session, exactly once per declared release, or the run stops.
+"""Client-level privacy by construction, end to end: the platform makes each round's
+release through the round's kernel session, exactly once, and the server half receives
+only the release; anything else stops the run.
 
 Every plug-in below ran to the end before client-level noise went through the kernel
-(each reported the ε of noise it did not draw, or drew twice); now the run stops with
-`PrivacyContractError` naming the round, and the CLI exits 2 in one line. The module
-imports nothing from `raydpfl.privacy.mechanisms.client_level_mechanisms` at its top, so the same
-file runs (and fails) on the code before it.
+(each reported the ε of noise it did not draw, or drew twice); then the server half drew
+the noise itself through the round's session; now the platform draws it, the server half
+is `aggregate_release`, and an override of `aggregate_sum` (which would see the un-noised
+sum) or a release of the server half's own stops the run with `PrivacyContractError`
+naming the round, and the CLI exits 2 in one line.
 """
 
 from __future__ import annotations
@@ -89,9 +91,9 @@ class Twice(DPFedAvgClientLevel):
 
 class OwnCountNoise(DPFedAvgClientLevel):
     """Adaptive clipping with the count's noise drawn as the old code did, outside the
-    round's mechanism (the update noise still goes through it)."""
+    round's mechanism, in the old server half (the update noise still through it)."""
 
-    def _adapt_clip_norm(self, total: WeightedUpdateSum, *_):
+    def aggregate_sum(self, global_params, tasks, total):
         within = float(total.metric_sums.get("update_within_clip", 0.0))
         gen = noise_generator(self.seed, self._round, False, COUNT_NOISE_PURPOSE)
         draw = gaussian_like(torch.zeros(1, dtype=torch.float64), self.clip_count_stddev, gen)
@@ -101,6 +103,16 @@ class OwnCountNoise(DPFedAvgClientLevel):
         self.current_clip_norm = geometric_clip_update(
             self.current_clip_norm, fraction, self.target_quantile, self.clip_lr
         )
+        return OwnNoise.aggregate_sum(self, global_params, tasks, total)
+
+
+class ReleasesAgain(DPFedAvgClientLevel):
+    """The new server half, releasing an empty round through the direct-call path inside
+    the server's round (to learn the round's noise)."""
+
+    def aggregate_release(self, global_params, tasks, released):
+        self.aggregate_sum(global_params, tasks, WeightedUpdateSum())
+        return super().aggregate_release(global_params, tasks, released)
 
 
 class UndeclaredShares(DPFedAvgClientLevel):
@@ -145,17 +157,18 @@ class Undeclared(DPFedAvgClientLevel):
 
 
 class FtrlSkipsRound2(DPFTRLClientLevel):
-    """DP-FTRL whose second round's node is drawn outside the server's session."""
+    """DP-FTRL whose second round draws a node of its own through a fresh session (the
+    direct-call path with the server's session taken off)."""
 
-    def aggregate_sum(self, global_params, tasks, total):
+    def aggregate_release(self, global_params, tasks, released):
         if self._round == 1:
             opened = getattr(self, "round_session", None)
             self.round_session = None  # the algorithm's own session, not the server's
             try:
-                return super().aggregate_sum(global_params, tasks, total)
+                self.aggregate_sum(global_params, tasks, WeightedUpdateSum())
             finally:
                 self.round_session = opened
-        return super().aggregate_sum(global_params, tasks, total)
+        return super().aggregate_release(global_params, tasks, released)
 
 
 # ---- the refusals ------------------------------------------------------------------------------
@@ -170,14 +183,15 @@ def test_the_built_ins_run_with_their_noise_through_the_session():
 @pytest.mark.parametrize(
     "cls, options, drew",
     [
-        (OwnNoise, POISSON, "drew no mechanism"),
-        (Skipped, POISSON, "drew no mechanism"),
-        (Twice, POISSON, "drew 2 x client_gaussian_sum"),
-        (OwnCountNoise, ADAPTIVE, "drew no mechanism"),
+        (OwnNoise, POISSON, "overrides aggregate_sum"),
+        (Skipped, POISSON, "overrides aggregate_sum"),
+        (Twice, POISSON, "overrides aggregate_sum"),
+        (OwnCountNoise, ADAPTIVE, "overrides aggregate_sum"),
+        (ReleasesAgain, POISSON, "already made by the platform"),
     ],
-    ids=["own-noise", "skipped", "twice", "own-count-noise"],
+    ids=["own-noise", "skipped", "twice", "own-count-noise", "releases-again"],
 )
-def test_server_noise_outside_the_session_twice_or_skipped_is_refused(cls, options, drew):
+def test_server_noise_outside_the_platforms_release_is_refused(cls, options, drew):
     with pytest.raises(PrivacyContractError, match=r"^round 1 \(client-level, server half\)") as e:
         _run(cls, options=options)
     assert drew in str(e.value) and "\n" not in str(e.value)
@@ -203,7 +217,7 @@ def test_a_client_level_algorithm_without_round_mechanisms_is_refused():
 def test_a_dp_ftrl_node_drawn_outside_the_session_is_refused_naming_its_round():
     with pytest.raises(PrivacyContractError, match=r"^round 2 \(client-level") as e:
         _run(FtrlSkipsRound2, name="dp_ftrl_client", options={}, rounds=4)
-    assert "tree_aggregation_release" in str(e.value)
+    assert "a release outside the round's session" in str(e.value)
 
 
 def test_the_cli_refuses_a_client_level_round_in_one_line_with_exit_2(

@@ -1,9 +1,9 @@
 """Client-level mechanisms: the kernel's mechanisms for releases about a whole client.
 
 `raydpfl.privacy.mechanisms.kernel` holds the record-level mechanisms a worker draws through; this
-module holds the population-level ones a client-level algorithm's *server half* draws
-through (and one worker-side share). Each is a frozen value with the two faces of every
-kernel mechanism, reading the same fields:
+module holds the population-level ones the *platform* releases on the server for a
+client-level algorithm (and one worker-side share). Each is a frozen value with the two
+faces of every kernel mechanism, reading the same fields:
 
 - `cost(n)` — the `raydpfl.privacy.accounting.client_level.ClientLevelCost` the run's population
   ledger is charged before the round (the DpEvent; None when an earlier release of the
@@ -11,14 +11,23 @@ kernel mechanism, reading the same fields:
 - `live(streams)` — the server-side object that draws the noise from the round's streams
   (`ServerStreams`: the run seed, the round, secure-noise mode) and counts invocations.
 
-The server half of a client-level algorithm declares its round's mechanisms
-(``round_mechanisms(round_idx)``, a tuple of `MechanismUse`); the server charges
-`population_charge` of them before the round is dispatched, opens a `PopulationSession`
-on them, sets it on the algorithm as ``round_session`` for the aggregation, and then
-refuses a round whose receipt differs from the declaration (`check_round_receipt`:
-`PrivacyContractError` naming the round). So σ, S, the sampling and the number of noisy
-releases per round are those the ledger charged; noise drawn outside the session, or a
-round's noise drawn twice or skipped, stops the run.
+The server half of a client-level algorithm declares its round's mechanism
+(``round_mechanisms(round_idx)``: one `MechanismUse`, count 1); the server charges
+`population_charge` of it before the round is dispatched. After the workers' uploads are
+summed, the **platform** makes the round's release (`PopulationSession.release_round`: the
+declared mechanism invoked once on the round's actual sum, `RoundUploads`) and hands the
+server half only the result, a `ReleasedSum` (the noised sum, the number of uploads, and
+with adaptive clipping the noisy count); the un-noised sum and the clients' metric sums
+never reach algorithm code. While the server half builds its model from it
+(``aggregate_release``), the round's session is set on the algorithm as
+``round_session``; the release closed it (any further draw through it is refused, and
+it no longer holds the tree state), and its receipt is checked afterwards
+(`check_round_receipt`: `PrivacyContractError` naming the round).
+
+DP-FTRL's tree keeps state across rounds that is not noised (the running sum of the
+epoch's rounds) and noise that must not reach the server half (the nodes in use): both
+are the platform's (`TreeState`, kept and checkpointed by the server), and the release
+is the tree's noisy prefix sum Ŝ_t.
 
 Mechanisms (unit: one client, all its records; S the bound on each clipped update):
 
@@ -39,7 +48,9 @@ Mechanisms (unit: one client, all its records; S the bound on each clipped updat
   epoch's tree (Kairouz et al. 2021): the node completing at t carries N(0, σ²S²)
   (`tree_node_for`). The tree's event ``SingleEpochTreeAggregationDpEvent(σ, T)`` is
   charged by its first release (t = 1: ``ClientLevelCost(σ, "tree", N, K, n, T)``);
-  rounds 2..T are covered by it (`cost` None) but still draw exactly one node each.
+  rounds 2..T are covered by it (`cost` None) but still draw exactly one node each. The
+  release is the noisy prefix sum Ŝ_t = Σ_{i≤t} g_i + Σ_{v ∈ prefix(t)} z_v, computed by
+  the platform from its `TreeState` in the order the algorithm computed it before.
 
 Noise streams are those the algorithms drew before this module (same generators, same
 order, same float expressions): the aggregate and count from (seed, round, purpose)
@@ -83,17 +94,23 @@ __all__ = [
     "NODE_PURPOSE",
     "NOISE_PURPOSE",
     "UPDATE_BOUND_TOLERANCE",
+    "WITHIN_CLIP_METRIC",
     "AdaptiveClipGaussianSum",
     "ClientGaussianSum",
     "DistributedGaussianSum",
     "GaussianShare",
     "PopulationMechanism",
     "PopulationSession",
+    "ReleasedSum",
+    "RoundUploads",
     "ServerStreams",
     "TreeAggregationRelease",
+    "TreeState",
     "check_round_receipt",
     "check_update_bound",
+    "check_upload_terms",
     "population_charge",
+    "release_directly",
     "round_noise_generator",
     "round_session",
     "tree_node_for",
@@ -110,6 +127,12 @@ COUNT_NOISE_PURPOSE = "client_level_clip_count"
 NODE_PURPOSE = "dp_ftrl_tree_node"
 #: The attribute the server sets on a client-level algorithm for the round's aggregation.
 ROUND_SESSION_ATTR = "round_session"
+#: The attribute by which the server marks an algorithm it runs: no direct release then.
+SERVED_ATTR = "_population_served"
+#: The attribute holding a direct caller's tree state (tests, notebooks; never a server's).
+DIRECT_TREE_ATTR = "_direct_tree_state"
+#: The client metric carrying adaptive clipping's bit b_k = 1[‖Δ_k‖ ≤ S_t] (0.0 or 1.0).
+WITHIN_CLIP_METRIC = "update_within_clip"
 
 
 # ---- streams --------------------------------------------------------------------------------
@@ -190,6 +213,24 @@ def check_update_bound(update: Mapping[str, torch.Tensor], bound: float, where: 
         raise PrivacyContractError(
             f"{where}: the client's update has norm {norm:.6g} > S = {bound:g}; a client-level "
             "round's charge assumes every update clipped to S, so the run stops"
+        )
+
+
+def check_upload_terms(weight: float, metrics: Mapping[str, float], where: str) -> None:
+    """The platform's check on the rest of a client-level upload: weight exactly 1 (the
+    sum's sensitivity S assumes Σ_k clip(Δ_k), not Σ_k w_k clip(Δ_k)) and, where the
+    client reports adaptive clipping's bit, a bit (the count's sensitivity ½ assumes
+    b_k ∈ {0, 1}). `PrivacyContractError` naming `where` otherwise."""
+    if weight != 1.0:
+        raise PrivacyContractError(
+            f"{where}: a client-level upload has weight 1 (the round's charge bounds the "
+            f"plain sum of updates clipped to S), got {weight!r}"
+        )
+    bit = metrics.get(WITHIN_CLIP_METRIC)
+    if bit is not None and float(bit) not in (0.0, 1.0):
+        raise PrivacyContractError(
+            f"{where}: {WITHIN_CLIP_METRIC} is the bit 1[norm <= S] (0 or 1; the noisy "
+            f"count's sensitivity is 1/2), got {bit!r}"
         )
 
 
@@ -448,6 +489,109 @@ class TreeAggregationRelease(PopulationMechanism):
         return LiveTreeRelease(self, streams)
 
 
+# ---- what the platform releases ---------------------------------------------------------------
+@dataclass(frozen=True)
+class RoundUploads:
+    """The un-noised inputs of a client-level round's release, as the platform summed them:
+    Σ_k clip_S(Δ_k) (each with its share, distributed; None when no upload arrived), the
+    number of uploads, and the sums of their metrics (adaptive clipping's Σ_k b_k is
+    ``metric_sums[WITHIN_CLIP_METRIC]``). Built by the server from the workers' sums and
+    handed to the round's session; never to algorithm code."""
+
+    total: Mapping[str, torch.Tensor] | None
+    count: int
+    metric_sums: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReleasedSum:
+    """What a client-level server half receives: the round's release, made by the platform.
+
+    - ``noisy_sum``: the declared mechanism's output, in the model's parameter order:
+      Σ_k clip_S(Δ_k) + N(0, σ²S²) (`ClientGaussianSum`; z_Δ·S_t with adaptive clipping),
+      the sum of the clients' noised uploads (`DistributedGaussianSum`), or the epoch's
+      noisy prefix sum Ŝ_t (`TreeAggregationRelease`); an empty round releases the noise
+      alone;
+    - ``clients``: the number of uploads summed (the platform also writes it to
+      rounds.parquet as ``clients_trained`` and lists it as ``cohort_sizes``);
+    - ``mechanism``: the declared (and charged) mechanism that released it;
+    - ``noisy_clip_count``: adaptive clipping only, Σ_k (b_k − ½) + N(0, σ_b²).
+
+    Nothing in it is un-noised client data: everything a server half computes from it is
+    post-processing of the charged release."""
+
+    noisy_sum: Mapping[str, torch.Tensor]
+    clients: int
+    mechanism: PopulationMechanism
+    noisy_clip_count: float | None = None
+
+
+class TreeState:
+    """The platform's state of the current DP-FTRL tree, kept on the server (never by the
+    algorithm): the epoch, the clean running sum Σ_{i≤t} g_i of its rounds so far, and the
+    noise of the nodes still in use (at most one per level: those of the prefix). The
+    server checkpoints it (`tensor_state`, `state_dict`), so a resumed run, and one in
+    secure-noise mode, reuses each node's noise instead of drawing it again."""
+
+    #: The prefix of its keys in a checkpoint's tensor file.
+    PREFIX = "population/tree/"
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.clean: Params | None = None
+        self.nodes: dict[int, Params] = {}
+
+    def reset(self, epoch: int, like: Mapping[str, torch.Tensor]) -> None:
+        """A new tree: a zero running sum shaped like the model, no node."""
+        self.epoch = int(epoch)
+        self.clean = {n: torch.zeros_like(p) for n, p in like.items()}
+        self.nodes = {}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        if self.clean is None:
+            return None
+        return {"epoch": self.epoch, "levels": sorted(self.nodes)}
+
+    def tensor_state(self) -> dict[str, torch.Tensor]:
+        if self.clean is None:
+            return {}
+        out = {f"{self.PREFIX}clean/{n}": t for n, t in self.clean.items()}
+        for level, noise in self.nodes.items():
+            out.update({f"{self.PREFIX}node/{level}/{n}": t for n, t in noise.items()})
+        return out
+
+    def load(self, state: Mapping[str, Any] | None, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restores what `state_dict` and `tensor_state` returned (None, {}: no tree yet);
+        raises `ValueError` when the two disagree (an altered checkpoint)."""
+        self.__init__()  # type: ignore[misc]
+        if state is None:
+            if tensors:
+                raise ValueError("checkpointed tree tensors without the tree's state")
+            return
+        clean: Params = {}
+        nodes: dict[int, Params] = {}
+        for key, t in tensors.items():
+            rest = key[len(self.PREFIX) :]
+            if rest.startswith("clean/"):
+                clean[rest[len("clean/") :]] = t
+            else:
+                _, level, name = rest.split("/", 2)
+                nodes.setdefault(int(level), {})[name] = t
+        if sorted(nodes) != sorted(state.get("levels", [])) or not clean:
+            raise ValueError(
+                f"checkpointed tree nodes {sorted(nodes)} do not match the state's levels "
+                f"{sorted(state.get('levels', []))}"
+            )
+        self.epoch, self.clean, self.nodes = int(state["epoch"]), clean, nodes
+
+
+def _summed_like(uploads: RoundUploads, like: Mapping[str, torch.Tensor]) -> Params:
+    """The round's sum in `like`'s order and on its devices (zeros when nothing arrived)."""
+    if uploads.total is None:
+        return {n: torch.zeros_like(t) for n, t in like.items()}
+    return {n: uploads.total[n].to(like[n].device) for n in like}
+
+
 # ---- live forms ------------------------------------------------------------------------------
 class LivePopulationMechanism:
     """A declared population-level mechanism in a round's session: it draws the noise from
@@ -459,20 +603,16 @@ class LivePopulationMechanism:
         self.count = 0
         self._session: PopulationSession | None = None
 
-    def _check_sum(self, released: Mapping[str, torch.Tensor]) -> None:
-        """The release is of the round's actual sum of uploads: the server sets it on the
-        session before the aggregation (`PopulationSession._expect`), so noising a dummy
-        while the real sum goes out elsewhere is refused. No expectation: a direct call."""
-        actual = None if self._session is None else self._session._actual
-        if actual is None:
-            return
-        same = set(released) == set(actual) and all(
-            torch.equal(released[n].to(actual[n].device), actual[n]) for n in actual
-        )
-        if not same:
+    def _check_open(self) -> None:
+        """Refuses a draw once the round's release is made (`PopulationSession.release_round`
+        closes the session before the server half sees it): a further release would draw
+        the round's noise again, from the same stream, beside the one charged."""
+        session = self._session
+        if session is not None and session._released:
             raise PrivacyContractError(
-                f"{self.mechanism.describe()}: the released sum is not the round's sum of "
-                "client uploads; the charged noise must be added to that sum"
+                f"round {session.round_idx + 1} (client-level, server half): "
+                f"{self.mechanism.describe()}: the round's release was already made by the "
+                "platform; a server half draws nothing of its own"
             )
 
 
@@ -483,10 +623,16 @@ class LiveGaussianSum(LivePopulationMechanism):
 
     def release(self, clipped_sum: Mapping[str, torch.Tensor]) -> Params:
         """Σ + N(0, σ²S²): a new mapping (the inputs are not modified)."""
-        self._check_sum(clipped_sum)
+        self._check_open()
         self.count += 1
         gen = self.streams.round(NOISE_PURPOSE)
         return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
+
+    def _release_round(
+        self, uploads: RoundUploads, tasks: Sequence[Any], like: Mapping[str, torch.Tensor]
+    ) -> ReleasedSum:
+        noisy = self.release(_summed_like(uploads, like))
+        return ReleasedSum(noisy, uploads.count, self.mechanism)
 
 
 class LiveAdaptiveClipSum(OpenInvocation, LivePopulationMechanism):
@@ -503,18 +649,19 @@ class LiveAdaptiveClipSum(OpenInvocation, LivePopulationMechanism):
 
     def release(self, clipped_sum: Mapping[str, torch.Tensor]) -> Params:
         """Σ + N(0, z_Δ²S_t²); opens the invocation its `noisy_count` closes."""
+        self._check_open()
         if self._open:
             raise PrivacyContractError(
                 f"{self.mechanism.describe()}: a second update-sum release before the "
                 "count of unclipped updates (one release of each per invocation)"
             )
-        self._check_sum(clipped_sum)
         self._open = True
         gen = self.streams.round(NOISE_PURPOSE)
         return add_aggregate_noise(clipped_sum, self.mechanism.noise_std, gen)
 
     def noisy_count(self) -> float:
         """One N(0, σ_b²) draw for Σ_k (b_k − ½); closes the invocation."""
+        self._check_open()
         self._complete(
             self._open,
             "the count of unclipped updates released without its update sum (release() first)",
@@ -522,6 +669,16 @@ class LiveAdaptiveClipSum(OpenInvocation, LivePopulationMechanism):
         gen = self.streams.round(COUNT_NOISE_PURPOSE)
         draw = gaussian_like(torch.zeros(1, dtype=torch.float64), self.mechanism.count_stddev, gen)
         return float(draw[0])
+
+    def _release_round(
+        self, uploads: RoundUploads, tasks: Sequence[Any], like: Mapping[str, torch.Tensor]
+    ) -> ReleasedSum:
+        """The update sum at z_Δ·S_t, then the centred count Σ_k b_k − ½·K + N(0, σ_b²)
+        (the same float expression the algorithm evaluated before the platform did)."""
+        noisy = self.release(_summed_like(uploads, like))
+        within = float(uploads.metric_sums.get(WITHIN_CLIP_METRIC, 0.0))
+        centred = within - 0.5 * uploads.count + self.noisy_count()
+        return ReleasedSum(noisy, uploads.count, self.mechanism, noisy_clip_count=centred)
 
 
 class LiveDistributedSum(LivePopulationMechanism):
@@ -531,7 +688,7 @@ class LiveDistributedSum(LivePopulationMechanism):
     mechanism: DistributedGaussianSum
 
     def release(self, summed: Params, tasks: Sequence[Any]) -> Params:
-        self._check_sum(summed)
+        self._check_open()
         self.count += 1
         share = self.mechanism.share
         for task in tasks:
@@ -543,6 +700,13 @@ class LiveDistributedSum(LivePopulationMechanism):
                     f"declares {n}; the sum would not carry the charged noise"
                 )
         return summed
+
+    def _release_round(
+        self, uploads: RoundUploads, tasks: Sequence[Any], like: Mapping[str, torch.Tensor]
+    ) -> ReleasedSum:
+        return ReleasedSum(
+            self.release(_summed_like(uploads, like), tasks), uploads.count, self.mechanism
+        )
 
 
 class LiveTreeRelease(LivePopulationMechanism):
@@ -557,6 +721,7 @@ class LiveTreeRelease(LivePopulationMechanism):
 
     def node_noise(self, like: Mapping[str, torch.Tensor]) -> Params:
         """N(0, σ²S²) shaped like each tensor of `like`, in its order (zeros for σS = 0)."""
+        self._check_open()
         self.count += 1
         m = self.mechanism
         std = m.noise_std
@@ -565,6 +730,35 @@ class LiveTreeRelease(LivePopulationMechanism):
             n: (gaussian_like(p, std, gen) if std > 0 else torch.zeros_like(p))
             for n, p in like.items()
         }
+
+    def _release_round(
+        self, uploads: RoundUploads, tasks: Sequence[Any], like: Mapping[str, torch.Tensor]
+    ) -> ReleasedSum:
+        """Ŝ_t: the round's sum added to the tree's running sum, this round's node drawn
+        (it replaces the lower-level nodes it covers), and the running sum plus the
+        prefix's nodes, highest level first (Kairouz et al. 2021, Alg. 1)."""
+        tree = self._session.tree if self._session is not None else None
+        if tree is None:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: a tree release needs the platform's tree state"
+            )
+        m = self.mechanism
+        if m.round_in_tree == 1 or tree.clean is None or tree.epoch != m.epoch:
+            tree.reset(m.epoch, like)
+        assert tree.clean is not None
+        if uploads.total is not None:
+            for n in tree.clean:
+                tree.clean[n].add_(uploads.total[n].to(tree.clean[n].device))
+        level, _ = m.node
+        tree.nodes = {lv: z for lv, z in tree.nodes.items() if lv > level}
+        tree.nodes[level] = self.node_noise(tree.clean)
+        prefix: Params = {}
+        for n, clean in tree.clean.items():
+            noisy = clean.clone()
+            for lv in sorted(tree.nodes, reverse=True):  # the prefix's nodes, highest first
+                noisy.add_(tree.nodes[lv][n])
+            prefix[n] = noisy
+        return ReleasedSum(prefix, uploads.count, m)
 
 
 class LiveGaussianShare(LiveMechanism):
@@ -588,7 +782,12 @@ class LiveGaussianShare(LiveMechanism):
 class PopulationSession(PrivacySession):
     """A round's declared population-level mechanisms, live on the server."""
 
-    def __init__(self, declared: Sequence[MechanismUse], streams: ServerStreams) -> None:
+    def __init__(
+        self,
+        declared: Sequence[MechanismUse],
+        streams: ServerStreams,
+        tree: TreeState | None = None,
+    ) -> None:
         self.declared = tuple(declared)
         for use in self.declared:
             if not isinstance(use, MechanismUse) or not isinstance(
@@ -602,15 +801,39 @@ class PopulationSession(PrivacySession):
         self.streams = streams
         self.round_idx = streams.round_idx
         self._notes: dict[str, None] = {}
-        self._actual: Mapping[str, torch.Tensor] | None = None
+        self._released = False  # the round's release is made: nothing more is drawn
+        #: The platform's DP-FTRL tree state (the server's; a direct caller's own); let go
+        #: once the round is released (it holds the clean running sum).
+        self.tree = tree
         self._live = [type(u.mechanism).live(u.mechanism, streams) for u in self.declared]  # type: ignore[call-arg]
         for live in self._live:
             live._session = self
 
-    def _expect(self, total: Mapping[str, torch.Tensor] | None) -> None:
-        """The round's actual sum of client uploads (the server's call), which a sum
-        release must be of."""
-        self._actual = None if total is None else dict(total)
+    def release_round(
+        self,
+        uploads: RoundUploads,
+        tasks: Sequence[Any],
+        like: Mapping[str, torch.Tensor],
+    ) -> ReleasedSum:
+        """The platform's release of the round: its one declared mechanism, invoked once on
+        `uploads` (the noise drawn in `like`'s parameter order, on its devices); `tasks`
+        are the round's tasks (the distributed sum checks their shares). A round declares
+        one population mechanism, once: anything else is refused here. The session is
+        closed afterwards: any further draw through it is refused, and it lets go of the
+        tree state (the server half may hold the session, never the clean sum)."""
+        uses_ = [u for u in self.declared if u.count]
+        if len(uses_) != 1 or uses_[0].count != 1:
+            raise PrivacyContractError(
+                f"round {self.round_idx + 1} (client-level): the platform releases one "
+                f"declared population mechanism once per round, the round declares "
+                f"{_describe(self.declared)}"
+            )
+        live = self._live[self.declared.index(uses_[0])]
+        live._check_open()
+        try:
+            return live._release_round(uploads, tasks, like)  # type: ignore[no-any-return]
+        finally:
+            self._released, self.tree = True, None
 
 
 def population_charge(declared: Sequence[MechanismUse]) -> ClientLevelCost | None:
@@ -655,21 +878,52 @@ def round_session(
     seed: int,
 ) -> PopulationSession:
     """The round's session: the one the server opened and set on `owner` (the algorithm)
-    as ``round_session``, or, when the server half is called directly (tests,
-    notebooks), a fresh one from ``declare(round_idx)`` on the same streams."""
+    as ``round_session`` (its release already made: a further one is refused), or, when
+    the algorithm is used directly (tests, notebooks), a fresh one from
+    ``declare(round_idx)`` on the same streams, with the caller's own tree state. An
+    algorithm a server runs gets no fresh session outside the server's rounds."""
     opened = getattr(owner, ROUND_SESSION_ATTR, None)
     if opened is not None:
         return opened
-    return open_round_session(owner, round_idx, declare(round_idx), seed)
+    if getattr(owner, SERVED_ATTR, False):
+        raise PrivacyContractError(
+            f"round {round_idx + 1} (client-level, server half): a release outside the "
+            "round's session; the platform makes each round's release itself and hands the "
+            "server half the result (aggregate_release)"
+        )
+    tree = owner.__dict__.get(DIRECT_TREE_ATTR)
+    if tree is None:
+        tree = TreeState()
+        setattr(owner, DIRECT_TREE_ATTR, tree)
+    return open_round_session(owner, round_idx, declare(round_idx), seed, tree)
 
 
 def open_round_session(
-    owner: object, round_idx: int, declared: Sequence[MechanismUse], seed: int
+    owner: object,
+    round_idx: int,
+    declared: Sequence[MechanismUse],
+    seed: int,
+    tree: TreeState | None = None,
 ) -> PopulationSession:
     """A session for `declared` on the streams of (seed, round) in `owner`'s noise mode
-    (``secure_noise``: os.urandom)."""
+    (``secure_noise``: os.urandom), with the DP-FTRL tree state `tree`."""
     secure = bool(getattr(owner, "secure_noise", False))
-    return PopulationSession(declared, ServerStreams(int(seed), int(round_idx), secure))
+    return PopulationSession(declared, ServerStreams(int(seed), int(round_idx), secure), tree)
+
+
+def release_directly(
+    owner: object,
+    round_idx: int,
+    declare: Callable[[int], Sequence[MechanismUse]],
+    seed: int,
+    uploads: RoundUploads,
+    tasks: Sequence[Any],
+    like: Mapping[str, torch.Tensor],
+) -> ReleasedSum:
+    """The release the server would make for `owner`'s round, for a direct caller (tests,
+    notebooks: `ClientLevelAlgorithm.aggregate_sum`): the same streams, the same order,
+    so the same bits. Inside a server's round it is a second release (refused)."""
+    return round_session(owner, round_idx, declare, seed).release_round(uploads, tasks, like)
 
 
 _seal(__name__)

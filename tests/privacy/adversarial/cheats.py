@@ -13,7 +13,9 @@ The kinds, as issue 49 lists them:
 3. live mechanisms fed any batch or any clipping engine, raw records;
 4. a receipt produced without the release: another session, another context, the stream;
 5. a weight rule that turns its own sensitivity check off;
-6. client level: an unclipped upload, a share added to something else;
+6. client level: an unclipped upload, a share added to something else, a heavier weight or
+   a scaled clip bit; a server half that steps with the un-noised sum, reads the exact
+   count, learns the noise through a release of its own, or sees every clipped upload;
 7. raw statistics in metrics or in extra result fields;
 8. refusals: one line, exit 2, naming the registered algorithm, client and round.
 """
@@ -25,8 +27,9 @@ import dataclasses
 import torch
 
 from raydpfl.algorithms import ClientResult, DPFedAvg
-from raydpfl.algorithms.base import ClientContext, privacy_session
+from raydpfl.algorithms.base import ClientContext, WeightedUpdateSum, privacy_session
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
+from raydpfl.algorithms.dp_ftrl_client import DPFTRLClientLevel
 from raydpfl.algorithms.fedavg import FedAvg
 from raydpfl.algorithms.local_dp_sgd import dp_sgd_local_loop, dp_sgd_local_update
 from raydpfl.papers.ali_dpfl.pe_dpfl import PeDpfl
@@ -278,6 +281,110 @@ class NoiseOnADummy(DPFedAvgClientLevel):
         return dp_fedavg_update(global_params, bare, self.expected_cohort)
 
 
+class WeightedByData(DPFedAvgClientLevel):
+    """Client half: weights its clipped upload by its number of records, like FedAvg."""
+
+    def local_update(self, ctx, params, data, task):
+        result = super().local_update(ctx, params, data, task)
+        return dataclasses.replace(result, weight=float(data.num_examples))
+
+
+class LouderClipBit(DPFedAvgClientLevel):
+    """Adaptive clipping: reports its unclipped bit x 10, to lift the count above its noise."""
+
+    def local_update(self, ctx, params, data, task):
+        result = super().local_update(ctx, params, data, task)
+        result.metrics["update_within_clip"] *= 10.0
+        return result
+
+
+class CleanSumStep(DPFedAvgClientLevel):
+    """Server half (the old hook): releases the round's real sum through the round's
+    session, so the receipt closes, then steps with the clean sum."""
+
+    def aggregate_sum(self, global_params, tasks, total):
+        from raydpfl.algorithms.dp_fedavg_client import dp_fedavg_update
+        from raydpfl.privacy.mechanisms.client_level_mechanisms import round_session
+
+        clean = {n: total.total[n] for n in global_params}
+        round_session(self, self._round, self.round_mechanisms, self.seed).get().release(clean)
+        return dp_fedavg_update(global_params, clean, self.expected_cohort)
+
+
+class ExactClipCount(DPFedAvgClientLevel):
+    """Adaptive clipping whose server half moves S by the exact unclipped fraction (the
+    noisy count makes S jumpy), and takes the noisy release for the model."""
+
+    def aggregate_sum(self, global_params, tasks, total):
+        from raydpfl.algorithms.dp_fedavg_client import geometric_clip_update
+
+        exact = total.metric_sums["update_within_clip"] / max(total.count, 1)
+        new = super().aggregate_sum(global_params, tasks, total)
+        self.current_clip_norm = geometric_clip_update(
+            self._round_clip["update_clip_norm"], exact, self.target_quantile, self.clip_lr
+        )
+        return new
+
+
+class NoiseFromAnEmptyRound(DPFedAvgClientLevel):
+    """Server half (the new hook): releases an empty round through the direct-call path to
+    learn the round's noise, and subtracts it from the platform's release."""
+
+    def aggregate_release(self, global_params, tasks, released):
+        noise = self.aggregate_sum(global_params, tasks, WeightedUpdateSum())
+        clean = {n: released.noisy_sum[n] - (noise[n] - global_params[n]) for n in noise}
+        return super().aggregate_release(
+            global_params, tasks, dataclasses.replace(released, noisy_sum=clean)
+        )
+
+
+class FtrlCleanPrefix(DPFTRLClientLevel):
+    """DP-FTRL (the old hook) that keeps the clean prefix itself and adds only the newest
+    node's noise, not the whole prefix's."""
+
+    def aggregate_sum(self, global_params, tasks, total):
+        from raydpfl.privacy.mechanisms.client_level_mechanisms import round_session
+
+        if self._position(self._round)[1] == 1:
+            self.start = {n: p.clone() for n, p in global_params.items()}
+            self.prefix = {n: torch.zeros_like(p) for n, p in global_params.items()}
+        for n in self.prefix:
+            self.prefix[n] += total.total[n]
+        live = round_session(self, self._round, self.round_mechanisms, self.seed).get()
+        z = live.node_noise(self.prefix)
+        scale = self.server_lr / self.cohort_size
+        return {n: self.start[n] + scale * (self.prefix[n] + z[n]) for n in self.start}
+
+
+class FtrlMedianOfUpdates(DPFTRLClientLevel):
+    """DP-FTRL made robust: a coordinate-wise median of the round's clipped uploads."""
+
+    linear_aggregation = False
+
+    def aggregate(self, global_params, tasks, results):
+        stacked = {n: torch.stack([r.update[n] for r in results]) for n in global_params}
+        return {n: p + stacked[n].median(dim=0).values for n, p in global_params.items()}
+
+
+class VectorisedUnclipped(DPFedAvgClientLevel):
+    """Trains its cohort vectorised and returns the group's unclipped sum."""
+
+    def supports_group(self, tasks):
+        return True
+
+    def local_update_group_sum(self, ctxs, params, datas, tasks):
+        from raydpfl.algorithms.fedavg import FedAvg as Plain
+
+        total = WeightedUpdateSum()
+        for ctx, data, task in zip(ctxs, datas, tasks, strict=True):
+            start = {n: p.detach().clone() for n, p in params.items()}
+            trained = Plain.local_update(self, ctx, params, data, task)
+            total.add({n: 10.0 * t for n, t in trained.update.items()}, 1.0)
+            for n, p in params.items():
+                p.data.copy_(start[n])
+        return total
+
+
 # ---- 7. raw statistics reach the outputs -----------------------------------------------------
 class RawMeanMetric(DPFedAvg):
     """Reports the mean of its raw labels as a metric."""
@@ -385,4 +492,16 @@ class CountChannel(DPFedAvg):
 
 
 #: Client-level cheats use the config's client-level options; the rest are record-level.
-CLIENT_LEVEL = {UnclippedUpload, ShareOnADummy, NoiseOnADummy}
+CLIENT_LEVEL = {
+    UnclippedUpload,
+    ShareOnADummy,
+    NoiseOnADummy,
+    WeightedByData,
+    LouderClipBit,
+    CleanSumStep,
+    ExactClipCount,
+    NoiseFromAnEmptyRound,
+    FtrlCleanPrefix,
+    FtrlMedianOfUpdates,
+    VectorisedUnclipped,
+}

@@ -21,6 +21,7 @@ import pytest
 import raydpfl
 from raydpfl.algorithms import DPFedAvg
 from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel
+from raydpfl.algorithms.dp_ftrl_client import DPFTRLClientLevel
 from raydpfl.privacy.accounting.ledger import PrivacyCost
 from raydpfl.privacy.mechanisms.kernel import (
     RAW_RECORDS_NOTE,
@@ -39,6 +40,7 @@ from tests.simulation.test_privacy_contract import QUICK
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT_LEVEL = ROOT / "configs/client_level/dp_fedavg_client_synthetic.yaml"
+FTRL = ROOT / "configs/client_level/dp_ftrl_client_synthetic.yaml"
 
 
 def _record(cls: type[DPFedAvg] = DPFedAvg, sigma: float = 1.0, **kw) -> DPFedAvg:
@@ -225,24 +227,38 @@ def test_a_run_level_opt_out_set_at_build_time_is_listed_as_not_private():
 
 
 # ---- 6. client level ------------------------------------------------------------------------
-def _client_level(cls, **options):
+def _client_level(config: Path = CLIENT_LEVEL, *runtime: str, **options):
     overrides = [
         "runtime.backend=local",
-        "experiment.algorithm.rounds=2",
+        f"experiment.algorithm.rounds={2 if config == CLIENT_LEVEL else 3}",
         "experiment.data.num_clients=40",
         "experiment.algorithm.clients_per_round=10",
+        *runtime,
         *(f"experiment.algorithm.options.{k}={v}" for k, v in options.items()),
     ]
-    return raydpfl.to_config(str(CLIENT_LEVEL), overrides=overrides)
+    return raydpfl.to_config(str(config), overrides=overrides)
 
 
-def _run_client_level(cls: type[DPFedAvgClientLevel], **options) -> dict:
+def _run_client_level(
+    cls: type[DPFedAvgClientLevel], *runtime: str, config: Path = CLIENT_LEVEL, **options
+) -> dict:
     from raydpfl.experiment.build import build_experiment, run_experiment
 
-    exp = build_experiment(_client_level(cls, **options))
+    exp = build_experiment(_client_level(config, *runtime, **options))
     cheat = cls.__new__(cls)
     cheat.__dict__.update(exp.algorithm.__dict__)
     return run_experiment(dataclasses.replace(exp, algorithm=cheat), None)
+
+
+def _client_level_refused(cls, match: str, *runtime: str, **kw) -> str:
+    with pytest.raises(PrivacyContractError, match=match) as e:
+        _run_client_level(cls, *runtime, **kw)
+    message = str(e.value)
+    assert "\n" not in message and "round " in message
+    return message
+
+
+ADAPTIVE = {"adaptive_clipping": "true"}
 
 
 def test_an_unclipped_client_upload_is_refused_on_the_worker():
@@ -262,8 +278,133 @@ def test_a_share_added_to_something_else_is_refused():
 
 
 def test_server_noise_on_anything_but_the_rounds_sum_is_refused():
-    with pytest.raises(PrivacyContractError, match="not the round's sum of client uploads"):
-        _run_client_level(cheats.NoiseOnADummy)
+    # the old server half (it saw the clean sum) is refused before it runs
+    _client_level_refused(cheats.NoiseOnADummy, "overrides aggregate_sum")
+
+
+def test_a_client_level_upload_weighted_by_its_records_is_refused_on_the_worker():
+    message = _client_level_refused(cheats.WeightedByData, "has weight 1")
+    assert "client " in message
+
+
+def test_a_scaled_clip_bit_is_refused_on_the_worker():
+    message = _client_level_refused(cheats.LouderClipBit, "is the bit", **ADAPTIVE)
+    assert "client " in message
+
+
+def test_a_server_half_stepping_with_the_clean_sum_is_refused():
+    """The server half the platform trusted: it released the real sum (the receipt
+    closed) and stepped with the clean one. It never gets the clean sum now."""
+    message = _client_level_refused(cheats.CleanSumStep, r"overrides aggregate_sum")
+    assert message.startswith("round 1 (client-level, server half): algorithm ")
+
+
+def test_a_server_half_reading_the_exact_clip_count_is_refused():
+    _client_level_refused(cheats.ExactClipCount, "overrides aggregate_sum", **ADAPTIVE)
+
+
+def test_a_release_of_its_own_to_learn_the_noise_is_refused():
+    _client_level_refused(cheats.NoiseFromAnEmptyRound, "already made by the platform")
+
+
+def test_a_dp_ftrl_server_half_keeping_the_clean_prefix_is_refused():
+    _client_level_refused(cheats.FtrlCleanPrefix, "overrides aggregate_sum", config=FTRL)
+
+
+def test_a_dp_ftrl_server_half_reading_every_clipped_upload_is_refused():
+    _client_level_refused(cheats.FtrlMedianOfUpdates, "overrides aggregate,", config=FTRL)
+
+
+def test_a_server_half_gets_only_the_release_and_the_honest_run_is_unchanged():
+    """What the built-in server halves receive: a `ReleasedSum` and nothing un-noised; the
+    run lists the cohort sizes and client metrics that still reach rounds.parquet."""
+    from raydpfl.privacy.mechanisms.client_level_mechanisms import ReleasedSum
+
+    seen = []
+
+    class Spy(DPFedAvgClientLevel):
+        def aggregate_release(self, global_params, tasks, released):
+            seen.append(released)
+            return super().aggregate_release(global_params, tasks, released)
+
+    honest = _run_client_level(DPFedAvgClientLevel, **ADAPTIVE)
+    _same_run(_run_client_level(Spy, **ADAPTIVE), honest)
+    assert [type(r) for r in seen] == [ReleasedSum, ReleasedSum]
+    fields = {f.name for f in dataclasses.fields(ReleasedSum)}
+    assert fields == {"noisy_sum", "clients", "mechanism", "noisy_clip_count"}
+    assert all(isinstance(r.noisy_clip_count, float) for r in seen)
+    listed = honest["unaccounted_releases"]
+    assert "cohort_sizes (clients_trained per round in rounds.parquet)" in listed
+    assert any(s.startswith("client_metric update_within_clip ") for s in listed)
+
+
+def test_a_dp_ftrl_server_half_holds_no_tree_state_and_cannot_draw_a_node():
+    """During `aggregate_release` the round's session is closed: it holds no tree (the clean
+    running sum is the server's) and refuses a node draw; the honest model is unchanged."""
+    from raydpfl.privacy.mechanisms.kernel import PrivacyContractError as Refused
+
+    seen = []
+
+    class Spy(DPFTRLClientLevel):
+        def aggregate_release(self, global_params, tasks, released):
+            session = self.round_session
+            with pytest.raises(Refused, match="already made by the platform"):
+                session.get().node_noise(global_params)
+            seen.append((session.tree, released.mechanism.round_in_tree))
+            return super().aggregate_release(global_params, tasks, released)
+
+    _same_run(
+        _run_client_level(Spy, config=FTRL), _run_client_level(DPFTRLClientLevel, config=FTRL)
+    )
+    assert seen == [(None, 1), (None, 2), (None, 3)]
+
+
+def test_a_vectorised_client_level_group_has_no_effect():
+    vectorised = ("runtime.vectorise_clients=on", "runtime.aggregation_groups=1")
+    cheat = _run_client_level(cheats.VectorisedUnclipped, *vectorised)
+    _same_run(cheat, _run_client_level(DPFedAvgClientLevel, *vectorised))
+
+
+CLIENT_LEVEL_PLUGIN = """
+import raydpfl
+from raydpfl.algorithms.dp_fedavg_client import DPFedAvgClientLevel, dp_fedavg_update
+from raydpfl.config.client_level import ClientLevelOptions
+from raydpfl.experiment.builders.client_level import build
+from raydpfl.privacy.mechanisms.client_level_mechanisms import round_session
+
+
+class CleanStep(DPFedAvgClientLevel):
+    def aggregate_sum(self, global_params, tasks, total):
+        clean = {{n: total.total[n] for n in global_params}}
+        round_session(self, self._round, self.round_mechanisms, self.seed).get().release(clean)
+        return dp_fedavg_update(global_params, clean, self.expected_cohort)
+
+
+@raydpfl.register_algorithm("{name}", options=ClientLevelOptions)
+def build_clean_step(context):
+    algorithm = build(context)
+    algorithm.__class__ = CleanStep
+    return algorithm
+"""
+
+
+def test_the_cli_refuses_a_client_level_server_half_plugin_in_one_line(tmp_path):
+    import subprocess
+
+    plugin = tmp_path / "elsewhere" / "clean_step_plugin.py"
+    plugin.parent.mkdir()
+    plugin.write_text(CLIENT_LEVEL_PLUGIN.format(name="clean_step_dpfl"))
+    cmd = [sys.executable, "-m", "raydpfl", "run", str(CLIENT_LEVEL), "--plugin", str(plugin)]
+    cmd += ["--set", "experiment.algorithm.name=clean_step_dpfl", "--set", "runtime.backend=local"]
+    cmd += ["--set", "experiment.algorithm.rounds=2", "--set", "experiment.data.num_clients=40"]
+    cmd += ["--set", "experiment.algorithm.clients_per_round=10"]
+    cmd += ["--out", str(tmp_path / "run"), "--no-progress"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    lines = [x for x in done.stderr.strip().splitlines() if x]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert "round 1" in lines[0] and "algorithm 'clean_step_dpfl'" in lines[0]
+    assert "overrides aggregate_sum" in lines[0]
 
 
 # ---- 7. raw statistics reach the outputs -----------------------------------------------------
