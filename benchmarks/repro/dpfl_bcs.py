@@ -23,6 +23,13 @@ charges what the tasks declare, so its ε is NOT delivered. Recorded with ``dp: 
 the variant ``noise-free``. A Gaussian ``--calibration`` other than zcdp is a variant too
 (``calibration=paper_alg2``), never pooled with the default's rows.
 
+``--laplace-clip l2`` is a reading of the paper's Laplace rows, NOT differentially private:
+the Laplace runs clip every per-sample gradient in L2 to B (as the Gaussian runs do) while
+their Laplace scale stays the spec's b = 2η_tB·T_n/(D_n·ε_n), calibrated to B as if it bounded
+the L1 norm. An L2-clipped step's L1 sensitivity is up to √d·2η_tB/D_n (√d = 248 for LeNet-5),
+so the ε the ledger charges is not delivered (up to √d·ε_n). Recorded with ``dp: false`` and
+the variant ``laplace clip=l2 (...)``; the paper states L1 clipping for Laplace (seed §V-A).
+
 Table I (``--table1``): PRIVATEFL and PRIVATEFL-BCS under both mechanisms on ``--dataset``
 (the Fig. 2 setting, as the spec assumes; each client's test split is 20% of its share,
 since PRIVATEFL scores each client's personalised model on its own test records), printed
@@ -45,6 +52,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -241,9 +249,12 @@ def write_configs() -> list[Path]:
     return paths
 
 
-def run_one(label: str, cfg: dict[str, Any], noise_free: bool = False) -> dict[str, Any]:
+def run_one(
+    label: str, cfg: dict[str, Any], noise_free: bool = False, laplace_clip: str = "l1"
+) -> dict[str, Any]:
     """Runs one preset in-process; returns accuracy, estimates, plans and ledger checks.
-    `noise_free` zeroes every release's noise (NOT DP; see the module docstring)."""
+    `noise_free` zeroes every release's noise; `laplace_clip="l2"` clips the Laplace runs'
+    per-sample gradients in L2 (both NOT DP; see the module docstring)."""
     from raydpfl.experiment.build import build_experiment, run_experiment
 
     config = config_from_dict(cfg)
@@ -256,10 +267,12 @@ def run_one(label: str, cfg: dict[str, Any], noise_free: bool = False) -> dict[s
         if row["round"] % 5 == 0:
             print(f"  [{label}] round {row['round']} ({time.time() - start:.0f}s)", flush=True)
 
-    with _without_noise(noise_free) as zeroed:
+    with _without_noise(noise_free) as zeroed, _laplace_clip(laplace_clip) as l2_clipped:
         summary = run_experiment(exp, None, on_round=on_round)
     if noise_free and exp.ledger is not None and zeroed[0] == 0:
         raise RuntimeError(f"{label}: --noise-free zeroed no noise draw (the patch missed)")
+    if laplace_clip == "l2" and l2_clipped[0] == 0:
+        raise RuntimeError(f"{label}: --laplace-clip l2 clipped no step in L2 (the patch missed)")
     algo, ledger = exp.algorithm, exp.ledger
     accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") == r.get("test_accuracy")]
     losses = [r["test_loss"] for r in rows if r.get("test_loss") == r.get("test_loss")]
@@ -279,6 +292,8 @@ def run_one(label: str, cfg: dict[str, Any], noise_free: bool = False) -> dict[s
         "stop_reason": summary.get("stop_reason"),
         "wall_seconds": time.time() - start,
         "noise_free": noise_free,
+        "laplace_clip": laplace_clip,
+        "num_params": int(algo.num_params),
         "epsilons": algo.eps.tolist(),
         "deltas": algo.deltas.tolist(),
         "train_sizes": algo.sizes.astype(int).tolist(),
@@ -326,6 +341,48 @@ def _without_noise(active: bool) -> Iterator[list[int]]:
         LiveRelease.noise, LiveRelease.add_ = real_noise, real_add
 
 
+@contextlib.contextmanager
+def _laplace_clip(norm: str) -> Iterator[list[int]]:
+    """While `norm` is ``"l2"``, a Laplace run's client step clips each per-sample gradient
+    in L2 to B instead of L1 (NOT DP: the Laplace scale stays calibrated to B as the L1
+    bound; see the module docstring); yields a one-item list counting the steps so clipped,
+    so the caller can check the patch was on the path the run took. Restores on exit.
+
+    The client half picks the clip's norm from its mechanism (`BcsClientStep._clipped_mean`:
+    L1 under ``laplace``), and that is all the step reads from it, so the mechanism reads
+    ``gaussian`` for the length of the call; the release, its scale and its charge are the
+    Laplace ones, untouched."""
+    calls = [0]
+    if norm == "l1":
+        yield calls
+        return
+    if norm != "l2":
+        raise ValueError(f"laplace clip must be l1 or l2, got {norm!r}")
+    from raydpfl.papers.dpfl_bcs.client import BcsClientStep
+
+    real = BcsClientStep._clipped_mean
+
+    def l2_clipped_mean(self, *args, **kwargs):
+        if self.mechanism != "laplace":
+            return real(self, *args, **kwargs)
+        calls[0] += 1
+        self.mechanism = "gaussian"
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            self.mechanism = "laplace"
+
+    BcsClientStep._clipped_mean = l2_clipped_mean
+    try:
+        yield calls
+    finally:
+        BcsClientStep._clipped_mean = real
+
+
+#: The variant clause of ``--laplace-clip l2`` (a settings rule in paper_cells.json).
+LAPLACE_L2_VARIANT = "laplace clip=l2 (Laplace scale calibrated to B as the L1 bound)"
+
+
 def variant_of(args: argparse.Namespace) -> str:
     """The record's variant: what this invocation changes from the paper's setting as the
     spec reads it (empty for the default), so such rows are never pooled with it."""
@@ -336,6 +393,8 @@ def variant_of(args: argparse.Namespace) -> str:
         parts.append(f"calibration={args.calibration}")
     if args.server_momentum:
         parts.append(f"server_momentum={args.server_momentum}")
+    if getattr(args, "laplace_clip", "l1") == "l2":
+        parts.append(LAPLACE_L2_VARIANT)
     return ", ".join(parts)
 
 
@@ -408,6 +467,7 @@ def record_row(rec: dict[str, Any], args: argparse.Namespace) -> None:
     """Appends one run to the reproduction record (what it computed is unchanged)."""
     setting = rec["setting"]
     noise_free = bool(rec.get("noise_free"))
+    l2_clip = rec.get("laplace_clip") == "l2"
     table1 = rec["label"] in TABLE1_RUNS
     paper_ds = "lending_club" if args.dataset == "diabetes" else args.dataset
     ref = TABLE_I.get((paper_ds, rec["mechanism"], rec["algorithm"])) if table1 else None
@@ -441,7 +501,10 @@ def record_row(rec: dict[str, Any], args: argparse.Namespace) -> None:
         rounds_run=rec["rounds_run"],
         rounds_paper=200,
         schedule="reduced" if reduced else "full",
-        dp=rec["mechanism"] != "none" and rec["algorithm"] != "bcs_fedsgd" and not noise_free,
+        dp=rec["mechanism"] != "none"
+        and rec["algorithm"] != "bcs_fedsgd"
+        and not noise_free
+        and not l2_clip,
         variant=variant_of(args),
         wall_s=rec["wall_seconds"],
         note=(
@@ -449,6 +512,14 @@ def record_row(rec: dict[str, Any], args: argparse.Namespace) -> None:
                 "NOT DP: every release's noise removed (ablation); the ledger's epsilon is "
                 "not delivered; "
                 if noise_free
+                else ""
+            )
+            + (
+                "NOT DP: per-sample gradients clipped in L2 to B while the Laplace scale is "
+                "calibrated to B as their L1 bound; the step's L1 sensitivity is up to "
+                f"sqrt(d)*2*lr*B/D_n (sqrt(d) = {math.sqrt(rec['num_params']):.0f}), so the "
+                "ledger's epsilon is not delivered; "
+                if l2_clip
                 else ""
             )
             + f"T0={args.stage1_rounds}; Gaussian calibration {args.calibration}; "
@@ -481,6 +552,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-momentum", type=float, default=0.0)
     p.add_argument(
+        "--laplace-clip",
+        default="l1",
+        choices=["l1", "l2"],
+        help="l2: Laplace runs clip per-sample gradients in L2 to B, their Laplace scale "
+        "calibrated to B as the L1 bound (NOT DP; a reading of the paper's Laplace rows)",
+    )
+    p.add_argument(
         "--noise-free",
         action="store_true",
         help="ablation, NOT DP: every release's noise set to zero (the ledger's eps is not "
@@ -497,8 +575,17 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     known = {label: (algo, mech) for label, algo, mech in RUNS}
+    labels = TABLE1_RUNS if args.table1 else args.runs
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        p.error(f"--runs: unknown {unknown}; choose from {sorted(known)}")
+    if args.laplace_clip == "l2" and any(known[label][1] != "laplace" for label in labels):
+        p.error(
+            "--laplace-clip l2 applies to Laplace runs only; --runs must be among "
+            f"{[label for label, _, mech in RUNS if mech == 'laplace']}"
+        )
     this_run: list[dict[str, Any]] = []
-    for label in TABLE1_RUNS if args.table1 else args.runs:
+    for label in labels:
         algo, mech = known[label]
         cfg = preset(
             args.dataset,
@@ -514,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
             server_momentum=args.server_momentum,
         )
         cfg["runtime"]["seed"] = args.seed
-        rec = run_one(label, cfg, noise_free=args.noise_free)
+        rec = run_one(label, cfg, noise_free=args.noise_free, laplace_clip=args.laplace_clip)
         rec["setting"] = {
             "dataset": args.dataset,
             "rounds": args.rounds,
@@ -524,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "server_momentum": args.server_momentum,
             "calibration": args.calibration,
+            "laplace_clip": args.laplace_clip,
         }
         print_record(rec, args.dataset)
         sys.stdout.flush()
