@@ -134,4 +134,28 @@ def test_laplace_clip_l2_refuses_gaussian_runs_before_any_work(bcs, capsys):
     with pytest.raises(SystemExit) as exit_:
         bcs.main(["--runs", "bcs_gm", "--laplace-clip", "l2", "--no-record"])
     assert exit_.value.code == 2
-    assert "--laplace-clip l2 applies to Laplace runs only" in capsys.readouterr().err
+    assert "apply to Laplace runs only" in capsys.readouterr().err
+
+
+def test_laplace_scale_scales_laplace_draws_only_and_restores_them(bcs):
+    from raydpfl.privacy.mechanisms.kernel import LaplaceRelease
+
+    def laplace():
+        return LaplaceRelease(2.0, 1.0).live(torch.Generator().manual_seed(0), "cpu").open()
+
+    plain = laplace().noise(torch.Size([1000]))
+    gauss = _release().open().noise(torch.Size([1000]))
+    with bcs._laplace_scaled(0.5) as scaled:
+        torch.testing.assert_close(laplace().noise(torch.Size([1000])), 0.5 * plain)
+        torch.testing.assert_close(_release().open().noise(torch.Size([1000])), gauss)
+    assert scaled == [1]
+    torch.testing.assert_close(laplace().noise(torch.Size([1000])), plain)
+
+
+def test_a_scaled_laplace_run_is_recorded_not_dp(bcs, tmp_path):
+    base = ["--dataset", "diabetes", "--runs", "bcs_lm", "--rounds", "4",
+            "--stage1-rounds", "2", "--eval-every", "1", "--allow-dirty"]  # fmt: skip
+    assert bcs.main([*base, "--laplace-scale", "0.5"]) == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert row["dp"] is False and row["variant"] == "laplace scale x0.5"
+    assert "delivered epsilon is 2 times it" in row["note"]
