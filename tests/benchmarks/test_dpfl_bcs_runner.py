@@ -92,7 +92,8 @@ class _Step:
             model = torch.nn.Linear(4, 3)
             model.load_state_dict(self.model.state_dict())
             loss = torch.nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
-            grads = dict(zip(self.params, torch.autograd.grad(loss, list(model.parameters()))))
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            grads = dict(zip(self.params, grads, strict=True))
             flat = torch.cat([g.reshape(-1) for g in grads.values()])
             factor = min(1.0, self.step.clip / float(flat.norm(p=order)))
             for n, g in grads.items():
