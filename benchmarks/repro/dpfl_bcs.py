@@ -23,6 +23,17 @@ charges what the tasks declare, so its ε is NOT delivered. Recorded with ``dp: 
 the variant ``noise-free``. A Gaussian ``--calibration`` other than zcdp is a variant too
 (``calibration=paper_alg2``), never pooled with the default's rows.
 
+``--laplace-clip l2`` is a reading of the paper's Laplace rows, NOT differentially private:
+the Laplace runs clip every per-sample gradient in L2 to B (as the Gaussian runs do) while
+their Laplace scale stays the spec's b = 2η_tB·T_n/(D_n·ε_n), calibrated to B as if it bounded
+the L1 norm. An L2-clipped step's L1 sensitivity is up to √d·2η_tB/D_n (√d = 248 for LeNet-5),
+so the ε the ledger charges is not delivered (up to √d·ε_n). Recorded with ``dp: false`` and
+the variant ``laplace clip=l2 (...)``; the paper states L1 clipping for Laplace (seed §V-A).
+``--laplace-scale F`` multiplies every Laplace noise draw by F (the ledger still charges the
+unscaled release): F = 0.5 is the sensitivity η_tB/D_n without the factor 2, DP only under
+add/remove adjacency with D_n a fixed normaliser, not under the paper's replace-one (so
+recorded NOT DP, variant ``laplace scale x0.5``).
+
 Table I (``--table1``): PRIVATEFL and PRIVATEFL-BCS under both mechanisms on ``--dataset``
 (the Fig. 2 setting, as the spec assumes; each client's test split is 20% of its share,
 since PRIVATEFL scores each client's personalised model on its own test records), printed
@@ -45,6 +56,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -241,9 +253,16 @@ def write_configs() -> list[Path]:
     return paths
 
 
-def run_one(label: str, cfg: dict[str, Any], noise_free: bool = False) -> dict[str, Any]:
+def run_one(
+    label: str,
+    cfg: dict[str, Any],
+    noise_free: bool = False,
+    laplace_clip: str = "l1",
+    laplace_scale: float = 1.0,
+) -> dict[str, Any]:
     """Runs one preset in-process; returns accuracy, estimates, plans and ledger checks.
-    `noise_free` zeroes every release's noise (NOT DP; see the module docstring)."""
+    `noise_free` zeroes every release's noise; `laplace_clip="l2"` clips the Laplace runs'
+    per-sample gradients in L2 (both NOT DP; see the module docstring)."""
     from raydpfl.experiment.build import build_experiment, run_experiment
 
     config = config_from_dict(cfg)
@@ -256,10 +275,18 @@ def run_one(label: str, cfg: dict[str, Any], noise_free: bool = False) -> dict[s
         if row["round"] % 5 == 0:
             print(f"  [{label}] round {row['round']} ({time.time() - start:.0f}s)", flush=True)
 
-    with _without_noise(noise_free) as zeroed:
+    with (
+        _without_noise(noise_free) as zeroed,
+        _laplace_clip(laplace_clip) as l2_clipped,
+        _laplace_scaled(laplace_scale) as scaled,
+    ):
         summary = run_experiment(exp, None, on_round=on_round)
+    if laplace_scale != 1.0 and scaled[0] == 0:
+        raise RuntimeError(f"{label}: --laplace-scale scaled no Laplace draw (the patch missed)")
     if noise_free and exp.ledger is not None and zeroed[0] == 0:
         raise RuntimeError(f"{label}: --noise-free zeroed no noise draw (the patch missed)")
+    if laplace_clip == "l2" and l2_clipped[0] == 0:
+        raise RuntimeError(f"{label}: --laplace-clip l2 clipped no step in L2 (the patch missed)")
     algo, ledger = exp.algorithm, exp.ledger
     accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") == r.get("test_accuracy")]
     losses = [r["test_loss"] for r in rows if r.get("test_loss") == r.get("test_loss")]
@@ -279,6 +306,9 @@ def run_one(label: str, cfg: dict[str, Any], noise_free: bool = False) -> dict[s
         "stop_reason": summary.get("stop_reason"),
         "wall_seconds": time.time() - start,
         "noise_free": noise_free,
+        "laplace_clip": laplace_clip,
+        "laplace_scale": laplace_scale,
+        "num_params": int(algo.num_params),
         "epsilons": algo.eps.tolist(),
         "deltas": algo.deltas.tolist(),
         "train_sizes": algo.sizes.astype(int).tolist(),
@@ -326,6 +356,75 @@ def _without_noise(active: bool) -> Iterator[list[int]]:
         LiveRelease._noise, LiveRelease._add = real_noise, real_add
 
 
+@contextlib.contextmanager
+def _laplace_clip(norm: str) -> Iterator[list[int]]:
+    """While `norm` is ``"l2"``, a Laplace run's client step clips each per-sample gradient
+    in L2 to B instead of L1 (NOT DP: the Laplace scale stays calibrated to B as the L1
+    bound; see the module docstring); yields a one-item list counting the steps so clipped,
+    so the caller can check the patch was on the path the run took. Restores on exit.
+
+    The client half picks the clip's norm from its mechanism (`BcsClientStep._clipped_mean`:
+    L1 under ``laplace``), and that is all the step reads from it, so the mechanism reads
+    ``gaussian`` for the length of the call; the release, its scale and its charge are the
+    Laplace ones, untouched."""
+    calls = [0]
+    if norm == "l1":
+        yield calls
+        return
+    if norm != "l2":
+        raise ValueError(f"laplace clip must be l1 or l2, got {norm!r}")
+    from raydpfl.papers.dpfl_bcs.client import BcsClientStep
+
+    real = BcsClientStep._clipped_mean
+
+    def l2_clipped_mean(self, *args, **kwargs):
+        if self.mechanism != "laplace":
+            return real(self, *args, **kwargs)
+        calls[0] += 1
+        self.mechanism = "gaussian"
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            self.mechanism = "laplace"
+
+    BcsClientStep._clipped_mean = l2_clipped_mean
+    try:
+        yield calls
+    finally:
+        BcsClientStep._clipped_mean = real
+
+
+@contextlib.contextmanager
+def _laplace_scaled(factor: float) -> Iterator[list[int]]:
+    """While `factor` is not 1, every Laplace noise draw is multiplied by it (the release's
+    declared scale and charge are unchanged; see the module docstring); yields a one-item
+    list counting the draws so scaled. Restores on exit."""
+    calls = [0]
+    if factor == 1.0:
+        yield calls
+        return
+    from raydpfl.privacy.mechanisms.kernel import LaplaceRelease, LiveRelease
+
+    real = LiveRelease.noise
+
+    def scaled_noise(self, shape, dtype=None):
+        out = real(self, shape, dtype)
+        if not isinstance(self.mechanism, LaplaceRelease):
+            return out
+        calls[0] += 1
+        return out * factor
+
+    LiveRelease.noise = scaled_noise
+    try:
+        yield calls
+    finally:
+        LiveRelease.noise = real
+
+
+#: The variant clause of ``--laplace-clip l2`` (a settings rule in paper_cells.json).
+LAPLACE_L2_VARIANT = "laplace clip=l2 (Laplace scale calibrated to B as the L1 bound)"
+
+
 def variant_of(args: argparse.Namespace) -> str:
     """The record's variant: what this invocation changes from the paper's setting as the
     spec reads it (empty for the default), so such rows are never pooled with it."""
@@ -336,6 +435,10 @@ def variant_of(args: argparse.Namespace) -> str:
         parts.append(f"calibration={args.calibration}")
     if args.server_momentum:
         parts.append(f"server_momentum={args.server_momentum}")
+    if getattr(args, "laplace_clip", "l1") == "l2":
+        parts.append(LAPLACE_L2_VARIANT)
+    if getattr(args, "laplace_scale", 1.0) != 1.0:
+        parts.append(f"laplace scale x{args.laplace_scale:g}")
     return ", ".join(parts)
 
 
@@ -408,6 +511,8 @@ def record_row(rec: dict[str, Any], args: argparse.Namespace) -> None:
     """Appends one run to the reproduction record (what it computed is unchanged)."""
     setting = rec["setting"]
     noise_free = bool(rec.get("noise_free"))
+    l2_clip = rec.get("laplace_clip") == "l2"
+    lm_scale = float(rec.get("laplace_scale", 1.0))
     table1 = rec["label"] in TABLE1_RUNS
     paper_ds = "lending_club" if args.dataset == "diabetes" else args.dataset
     ref = TABLE_I.get((paper_ds, rec["mechanism"], rec["algorithm"])) if table1 else None
@@ -441,7 +546,11 @@ def record_row(rec: dict[str, Any], args: argparse.Namespace) -> None:
         rounds_run=rec["rounds_run"],
         rounds_paper=200,
         schedule="reduced" if reduced else "full",
-        dp=rec["mechanism"] != "none" and rec["algorithm"] != "bcs_fedsgd" and not noise_free,
+        dp=rec["mechanism"] != "none"
+        and rec["algorithm"] != "bcs_fedsgd"
+        and not noise_free
+        and not l2_clip
+        and lm_scale >= 1.0,
         variant=variant_of(args),
         wall_s=rec["wall_seconds"],
         note=(
@@ -449,6 +558,21 @@ def record_row(rec: dict[str, Any], args: argparse.Namespace) -> None:
                 "NOT DP: every release's noise removed (ablation); the ledger's epsilon is "
                 "not delivered; "
                 if noise_free
+                else ""
+            )
+            + (
+                "NOT DP: per-sample gradients clipped in L2 to B while the Laplace scale is "
+                "calibrated to B as their L1 bound; the step's L1 sensitivity is up to "
+                f"sqrt(d)*2*lr*B/D_n (sqrt(d) = {math.sqrt(rec['num_params']):.0f}), so the "
+                "ledger's epsilon is not delivered; "
+                if l2_clip
+                else ""
+            )
+            + (
+                f"NOT DP at the ledger's epsilon: every Laplace draw scaled by {lm_scale:g} "
+                "(the ledger charges the unscaled release; under replace-one adjacency the "
+                f"delivered epsilon is {1 / lm_scale:g} times it); "
+                if lm_scale < 1.0
                 else ""
             )
             + f"T0={args.stage1_rounds}; Gaussian calibration {args.calibration}; "
@@ -481,6 +605,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-momentum", type=float, default=0.0)
     p.add_argument(
+        "--laplace-clip",
+        default="l1",
+        choices=["l1", "l2"],
+        help="l2: Laplace runs clip per-sample gradients in L2 to B, their Laplace scale "
+        "calibrated to B as the L1 bound (NOT DP; a reading of the paper's Laplace rows)",
+    )
+    p.add_argument(
+        "--laplace-scale",
+        type=float,
+        default=1.0,
+        help="multiply every Laplace noise draw by this (0.5: the sensitivity without the "
+        "factor 2; < 1 is NOT DP at the ledger's epsilon under replace-one adjacency)",
+    )
+    p.add_argument(
         "--noise-free",
         action="store_true",
         help="ablation, NOT DP: every release's noise set to zero (the ledger's eps is not "
@@ -497,8 +635,21 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     known = {label: (algo, mech) for label, algo, mech in RUNS}
+    labels = TABLE1_RUNS if args.table1 else args.runs
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        p.error(f"--runs: unknown {unknown}; choose from {sorted(known)}")
+    if not args.laplace_scale > 0:
+        p.error(f"--laplace-scale must be > 0, got {args.laplace_scale}")
+    lm_only = args.laplace_clip == "l2" or args.laplace_scale != 1.0
+    if lm_only and any(known[label][1] != "laplace" for label in labels):
+        p.error(
+            "--laplace-clip l2 and --laplace-scale apply to Laplace runs only; --runs must "
+            "be among "
+            f"{[label for label, _, mech in RUNS if mech == 'laplace']}"
+        )
     this_run: list[dict[str, Any]] = []
-    for label in TABLE1_RUNS if args.table1 else args.runs:
+    for label in labels:
         algo, mech = known[label]
         cfg = preset(
             args.dataset,
@@ -514,7 +665,13 @@ def main(argv: list[str] | None = None) -> int:
             server_momentum=args.server_momentum,
         )
         cfg["runtime"]["seed"] = args.seed
-        rec = run_one(label, cfg, noise_free=args.noise_free)
+        rec = run_one(
+            label,
+            cfg,
+            noise_free=args.noise_free,
+            laplace_clip=args.laplace_clip,
+            laplace_scale=args.laplace_scale,
+        )
         rec["setting"] = {
             "dataset": args.dataset,
             "rounds": args.rounds,
@@ -524,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "server_momentum": args.server_momentum,
             "calibration": args.calibration,
+            "laplace_clip": args.laplace_clip,
+            "laplace_scale": args.laplace_scale,
         }
         print_record(rec, args.dataset)
         sys.stdout.flush()

@@ -68,3 +68,96 @@ def test_a_noise_free_run_is_recorded_not_dp_and_differs_from_the_dp_run(bcs, tm
     assert free["ours"] < dp["ours"]
     dump = json.loads((tmp_path / "dpfl_bcs_repro.json").read_text())
     assert [d["noise_free"] for d in dump] == [False, True]
+
+
+class _Step:
+    """The attributes `BcsClientStep._clipped_mean` reads, on a 4 -> 3 linear model."""
+
+    def __init__(self, clip: float):
+        from raydpfl.papers.dpfl_bcs.client import BcsClientStep
+
+        self.step = type("Step", (BcsClientStep,), {})()
+        self.step.clip, self.step.mechanism, self.step.private = clip, "laplace", True
+        self.step.regression, self.step._psg = False, {}
+        self.model = torch.nn.Linear(4, 3)
+        self.params = {n: p.detach() for n, p in self.model.named_parameters()}
+        self.ctx = argparse.Namespace(model=self.model)
+
+    def clipped_mean(self, x, y):
+        return self.step._clipped_mean(self.ctx, self.params, x, y)
+
+    def by_hand(self, x, y, order: int):
+        """The mean of the per-sample gradients, each clipped to `clip` in L`order`."""
+        total = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        for i in range(x.shape[0]):
+            model = torch.nn.Linear(4, 3)
+            model.load_state_dict(self.model.state_dict())
+            loss = torch.nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            grads = dict(zip(self.params, grads, strict=True))
+            flat = torch.cat([g.reshape(-1) for g in grads.values()])
+            factor = min(1.0, self.step.clip / float(flat.norm(p=order)))
+            for n, g in grads.items():
+                total[n] += factor * g
+        return {n: t / x.shape[0] for n, t in total.items()}
+
+
+def test_laplace_clip_l2_clips_the_laplace_step_in_l2_and_restores_it(bcs):
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 4) * 5, torch.tensor([0, 1, 2, 0, 1, 2])
+    s = _Step(clip=0.3)  # binds in both norms: every per-sample gradient is longer
+    l1, l2 = s.by_hand(x, y, 1), s.by_hand(x, y, 2)
+    assert not torch.allclose(l1["weight"], l2["weight"])  # the two clips differ here
+    for name, t in s.clipped_mean(x, y).items():  # the spec's: L1 under Laplace
+        torch.testing.assert_close(t, l1[name])
+    with bcs._laplace_clip("l2") as clipped:
+        for name, t in s.clipped_mean(x, y).items():
+            torch.testing.assert_close(t, l2[name])
+        assert s.step.mechanism == "laplace"  # the release is still the Laplace one
+    assert clipped == [1]
+    for name, t in s.clipped_mean(x, y).items():  # restored
+        torch.testing.assert_close(t, l1[name])
+    with bcs._laplace_clip("l1") as clipped:
+        torch.testing.assert_close(s.clipped_mean(x, y)["weight"], l1["weight"])
+    assert clipped == [0]
+
+
+def test_a_laplace_l2_clip_run_is_recorded_not_dp_in_its_own_variant(bcs, tmp_path):
+    base = ["--dataset", "diabetes", "--runs", "bcs_lm", "--rounds", "4",
+            "--stage1-rounds", "2", "--eval-every", "1", "--allow-dirty"]  # fmt: skip
+    assert bcs.main([*base, "--laplace-clip", "l2"]) == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert row["dp"] is False and row["variant"] == bcs.LAPLACE_L2_VARIANT
+    assert row["note"].startswith("NOT DP: per-sample gradients clipped in L2 to B")
+    assert "sqrt(d) = 3" in row["note"]  # bcs_linreg: d = 11
+
+
+def test_laplace_clip_l2_refuses_gaussian_runs_before_any_work(bcs, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bcs.main(["--runs", "bcs_gm", "--laplace-clip", "l2", "--no-record"])
+    assert exit_.value.code == 2
+    assert "apply to Laplace runs only" in capsys.readouterr().err
+
+
+def test_laplace_scale_scales_laplace_draws_only_and_restores_them(bcs):
+    from raydpfl.privacy.mechanisms.kernel import LaplaceRelease
+
+    def laplace():
+        return LaplaceRelease(2.0, 1.0).live(torch.Generator().manual_seed(0), "cpu").open()
+
+    plain = laplace().noise(torch.Size([1000]))
+    gauss = _release().open().noise(torch.Size([1000]))
+    with bcs._laplace_scaled(0.5) as scaled:
+        torch.testing.assert_close(laplace().noise(torch.Size([1000])), 0.5 * plain)
+        torch.testing.assert_close(_release().open().noise(torch.Size([1000])), gauss)
+    assert scaled == [1]
+    torch.testing.assert_close(laplace().noise(torch.Size([1000])), plain)
+
+
+def test_a_scaled_laplace_run_is_recorded_not_dp(bcs, tmp_path):
+    base = ["--dataset", "diabetes", "--runs", "bcs_lm", "--rounds", "4",
+            "--stage1-rounds", "2", "--eval-every", "1", "--allow-dirty"]  # fmt: skip
+    assert bcs.main([*base, "--laplace-scale", "0.5"]) == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert row["dp"] is False and row["variant"] == "laplace scale x0.5"
+    assert "delivered epsilon is 2 times it" in row["note"]

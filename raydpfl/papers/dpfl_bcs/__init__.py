@@ -13,7 +13,7 @@ MATERIAL: dict[str, str | tuple[str, ...]] = {
     "readme": "raydpfl/papers/dpfl_bcs/README.md",
     "presets": ("configs/dpfl_bcs",),
     "runners": ("benchmarks/repro/dpfl_bcs.py",),
-    "notes": (),
+    "notes": ("benchmarks/repro/notes/dpfl_bcs_laplace.md",),
     "tests": ("tests/papers/dpfl_bcs", "tests/benchmarks/test_dpfl_bcs_runner.py"),
     "figure": "benchmarks/repro/figures/dpfl_bcs.svg",
 }
