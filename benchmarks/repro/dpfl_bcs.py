@@ -363,35 +363,36 @@ def _laplace_clip(norm: str) -> Iterator[list[int]]:
     bound; see the module docstring); yields a one-item list counting the steps so clipped,
     so the caller can check the patch was on the path the run took. Restores on exit.
 
-    The client half picks the clip's norm from its mechanism (`BcsClientStep._clipped_mean`:
-    L1 under ``laplace``), and that is all the step reads from it, so the mechanism reads
-    ``gaussian`` for the length of the call; the release, its scale and its charge are the
-    Laplace ones, untouched."""
+    The platform's full-batch release (`LiveRelease.mean_clipped_gradient`) clips in the
+    norm the client half asks for and refuses L2 under Laplace noise (it is not DP); the
+    ablation patches the kernel for the length of each Laplace call so that it clips in L2,
+    while the release, its scale and its charge stay the Laplace ones."""
     calls = [0]
     if norm == "l1":
         yield calls
         return
     if norm != "l2":
         raise ValueError(f"laplace clip must be l1 or l2, got {norm!r}")
-    from raydpfl.papers.dpfl_bcs.client import BcsClientStep
+    from raydpfl.privacy.mechanisms.kernel import LaplaceRelease, LiveRelease
 
-    real = BcsClientStep._clipped_mean
+    real, real_order = LiveRelease.mean_clipped_gradient, LiveRelease._order
 
     def l2_clipped_mean(self, *args, **kwargs):
-        if self.mechanism != "laplace":
+        if not isinstance(self.mechanism, LaplaceRelease):
             return real(self, *args, **kwargs)
         calls[0] += 1
-        self.mechanism = "gaussian"
+        kwargs["norm"] = 2
+        LiveRelease._order = property(lambda live: 2)  # the kernel's norm check, bypassed
         try:
             return real(self, *args, **kwargs)
         finally:
-            self.mechanism = "laplace"
+            LiveRelease._order = real_order
 
-    BcsClientStep._clipped_mean = l2_clipped_mean
+    LiveRelease.mean_clipped_gradient = l2_clipped_mean
     try:
         yield calls
     finally:
-        BcsClientStep._clipped_mean = real
+        LiveRelease.mean_clipped_gradient = real
 
 
 @contextlib.contextmanager
@@ -405,7 +406,7 @@ def _laplace_scaled(factor: float) -> Iterator[list[int]]:
         return
     from raydpfl.privacy.mechanisms.kernel import LaplaceRelease, LiveRelease
 
-    real = LiveRelease.noise
+    real = LiveRelease._noise  # the platform's draw (the ablation patches the kernel)
 
     def scaled_noise(self, shape, dtype=None):
         out = real(self, shape, dtype)
@@ -414,11 +415,11 @@ def _laplace_scaled(factor: float) -> Iterator[list[int]]:
         calls[0] += 1
         return out * factor
 
-    LiveRelease.noise = scaled_noise
+    LiveRelease._noise = scaled_noise
     try:
         yield calls
     finally:
-        LiveRelease.noise = real
+        LiveRelease._noise = real
 
 
 #: The variant clause of ``--laplace-clip l2`` (a settings rule in paper_cells.json).

@@ -71,23 +71,36 @@ def test_a_noise_free_run_is_recorded_not_dp_and_differs_from_the_dp_run(bcs, tm
 
 
 class _Step:
-    """The attributes `BcsClientStep._clipped_mean` reads, on a 4 -> 3 linear model."""
+    """DPFL-BCS's client step on a 4 -> 3 linear model and six records, under a Laplace
+    release declared for them (the platform's full-batch release clips and noises)."""
 
-    def __init__(self, clip: float):
+    def __init__(self, clip: float, x: torch.Tensor, y: torch.Tensor):
         from raydpfl.papers.dpfl_bcs.client import BcsClientStep
 
         self.step = type("Step", (BcsClientStep,), {})()
         self.step.clip, self.step.mechanism, self.step.private = clip, "laplace", True
-        self.step.regression, self.step._psg = False, {}
+        self.step.regression, self.step.loss_bound = False, 1.0
         self.model = torch.nn.Linear(4, 3)
         self.params = {n: p.detach() for n, p in self.model.named_parameters()}
-        self.ctx = argparse.Namespace(model=self.model)
+        self.x, self.y, self.clip = x, y, clip
 
-    def clipped_mean(self, x, y):
-        return self.step._clipped_mean(self.ctx, self.params, x, y)
+    def clipped_mean(self, bcs):
+        """The released step at lr 1 with its noise removed (`--noise-free`'s patch)."""
+        from raydpfl.algorithms.base import ClientData, ClientTask, direct_context
+        from raydpfl.privacy.mechanisms.kernel import LaplaceRelease, uses
 
-    def by_hand(self, x, y, order: int):
+        n = self.x.shape[0]
+        release = LaplaceRelease(1.0, 2 * self.clip / n)  # Δ₁ = 2B/n at lr 1
+        task = ClientTask(0, 0, 1, 1.0, mechanisms=(uses(release, 1),), extras={"stage1": 0.0})
+        data = ClientData(0, self.x, self.y, torch.arange(n))
+        ctx = direct_context(self.model, data, task, torch.Generator().manual_seed(0))
+        with bcs._without_noise(True):
+            step, _ = self.step._noisy_step(ctx, dict(self.params), {}, task, data)
+        return step
+
+    def by_hand(self, order: int):
         """The mean of the per-sample gradients, each clipped to `clip` in L`order`."""
+        x, y = self.x, self.y
         total = {n: torch.zeros_like(p) for n, p in self.params.items()}
         for i in range(x.shape[0]):
             model = torch.nn.Linear(4, 3)
@@ -96,7 +109,7 @@ class _Step:
             grads = torch.autograd.grad(loss, list(model.parameters()))
             grads = dict(zip(self.params, grads, strict=True))
             flat = torch.cat([g.reshape(-1) for g in grads.values()])
-            factor = min(1.0, self.step.clip / float(flat.norm(p=order)))
+            factor = min(1.0, self.clip / float(flat.norm(p=order)))
             for n, g in grads.items():
                 total[n] += factor * g
         return {n: t / x.shape[0] for n, t in total.items()}
@@ -105,20 +118,20 @@ class _Step:
 def test_laplace_clip_l2_clips_the_laplace_step_in_l2_and_restores_it(bcs):
     torch.manual_seed(0)
     x, y = torch.randn(6, 4) * 5, torch.tensor([0, 1, 2, 0, 1, 2])
-    s = _Step(clip=0.3)  # binds in both norms: every per-sample gradient is longer
-    l1, l2 = s.by_hand(x, y, 1), s.by_hand(x, y, 2)
+    s = _Step(0.3, x, y)  # binds in both norms: every per-sample gradient is longer
+    l1, l2 = s.by_hand(1), s.by_hand(2)
     assert not torch.allclose(l1["weight"], l2["weight"])  # the two clips differ here
-    for name, t in s.clipped_mean(x, y).items():  # the spec's: L1 under Laplace
+    for name, t in s.clipped_mean(bcs).items():  # the spec's: L1 under Laplace
         torch.testing.assert_close(t, l1[name])
     with bcs._laplace_clip("l2") as clipped:
-        for name, t in s.clipped_mean(x, y).items():
+        for name, t in s.clipped_mean(bcs).items():
             torch.testing.assert_close(t, l2[name])
         assert s.step.mechanism == "laplace"  # the release is still the Laplace one
     assert clipped == [1]
-    for name, t in s.clipped_mean(x, y).items():  # restored
+    for name, t in s.clipped_mean(bcs).items():  # restored
         torch.testing.assert_close(t, l1[name])
     with bcs._laplace_clip("l1") as clipped:
-        torch.testing.assert_close(s.clipped_mean(x, y)["weight"], l1["weight"])
+        torch.testing.assert_close(s.clipped_mean(bcs)["weight"], l1["weight"])
     assert clipped == [0]
 
 
@@ -143,15 +156,18 @@ def test_laplace_scale_scales_laplace_draws_only_and_restores_them(bcs):
     from raydpfl.privacy.mechanisms.kernel import LaplaceRelease
 
     def laplace():
-        return LaplaceRelease(2.0, 1.0).live(torch.Generator().manual_seed(0), "cpu").open()
+        return LaplaceRelease(2.0, 1.0).live(torch.Generator().manual_seed(0), "cpu")
 
-    plain = laplace().noise(torch.Size([1000]))
-    gauss = _release().open().noise(torch.Size([1000]))
+    def zeros():  # output perturbation of zeros (clipped to nothing): the noise alone
+        return {"z": torch.zeros(1000)}
+
+    plain = laplace().perturb_update(zeros())["z"]
+    gauss = _release().perturb_update(zeros())["z"]
     with bcs._laplace_scaled(0.5) as scaled:
-        torch.testing.assert_close(laplace().noise(torch.Size([1000])), 0.5 * plain)
-        torch.testing.assert_close(_release().open().noise(torch.Size([1000])), gauss)
+        torch.testing.assert_close(laplace().perturb_update(zeros())["z"], 0.5 * plain)
+        torch.testing.assert_close(_release().perturb_update(zeros())["z"], gauss)
     assert scaled == [1]
-    torch.testing.assert_close(laplace().noise(torch.Size([1000])), plain)
+    torch.testing.assert_close(laplace().perturb_update(zeros())["z"], plain)
 
 
 def test_a_scaled_laplace_run_is_recorded_not_dp(bcs, tmp_path):
