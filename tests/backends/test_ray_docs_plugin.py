@@ -53,4 +53,6 @@ def test_the_docs_private_plugin_gives_the_same_run_on_ray_and_local(tmp_path):
         str(ROOT / "configs/quickstart.yaml")
     ).experiment.algorithm.local_steps
     (event,) = local["privacy"]["charged"]
-    assert event["steps"] == event["charges"] * (tau + 1) and event["charges"] > 0
+    tasks = event["charges"] // 2  # each task: one charge for its steps, one for its query
+    assert tasks > 0 and event["charges"] == 2 * tasks
+    assert event["steps"] == tasks * (tau + 1)
