@@ -240,7 +240,7 @@ class ClientWorker:
         receipt = session.receipt()  # what the platform counted, not what the result says
         self._check_result(task, result, session, receipt, data)
         receipt = session.receipt()  # with the notes the checks added
-        if _output_perturbed(session, result):
+        if _perturbed_updates(session):  # checked above: the upload is one of them
             # Whatever the client half read, its update left through the platform's clip
             # and noise; what else it returns (metrics, fields) is listed on its own.
             receipt = dataclasses.replace(
@@ -309,16 +309,11 @@ class ClientWorker:
                 )
             if float(result.weight) not in (0.0, 1.0, float(n)):
                 session._note(RESULT_WEIGHT_NOTE)
-        perturbed = [
-            live
-            for live in session
-            if getattr(live, "_released", None) is not None
-            and type(live.mechanism) is not GaussianShare
-        ]
-        if perturbed and not _output_perturbed(session, result):
+        perturbed = _perturbed_updates(session)
+        if perturbed and not any(_is_upload(released, result) for _, released in perturbed):
             raise PrivacyContractError(
                 f"{where} ({task.kind} task): the task perturbed an update through "
-                f"{perturbed[0].mechanism.describe()} but uploads other tensors; the upload "
+                f"{perturbed[0][0].describe()} but uploads other tensors; the upload "
                 "must be what perturb_update returned"
             )
         if task.client_update_bound is not None:
@@ -343,8 +338,7 @@ class ClientWorker:
             check_update_bound(result.update, bound, f"{where} ({task.kind} task)")
             return
         released = getattr(shares[0], "_released", None)
-        same = released is not None and set(released) == set(result.update)
-        if not (same and all(result.update[n] is released[n] for n in released)):
+        if released is None or not _is_upload(released, result):
             raise PrivacyContractError(
                 f"{where} ({task.kind} task): with distributed noise the upload must be what the "
                 "client's GaussianShare released (its clipped update plus its share)"
@@ -464,17 +458,21 @@ class ClientWorker:
         return evaluate_batches(self.model, on_device, x, y, batch_size, batches)
 
 
-def _output_perturbed(session: PrivacySession, result: ClientResult) -> bool:
-    """The result uploads exactly the tensors a record-level release's `perturb_update`
-    returned (the same objects, every name)."""
-    for live in session:
-        released = getattr(live, "_released", None)
-        if released is None or type(live.mechanism) is GaussianShare:
-            continue
-        update = result.update
-        if set(update) == set(released) and all(update[n] is released[n] for n in released):
-            return True
-    return False
+def _perturbed_updates(session: PrivacySession) -> list[tuple[Any, Params]]:
+    """(mechanism, returned tensors) of each record-level `perturb_update` the task
+    invoked (a client-level `GaussianShare` is checked on its own, `_check_upload`)."""
+    return [
+        (live.mechanism, live._released)
+        for live in session
+        if getattr(live, "_released", None) is not None
+        and type(live.mechanism) is not GaussianShare
+    ]
+
+
+def _is_upload(released: Mapping[str, torch.Tensor], result: ClientResult) -> bool:
+    """The result uploads exactly `released`: the same tensor objects, every name."""
+    update = result.update
+    return set(update) == set(released) and all(update[n] is released[n] for n in released)
 
 
 def _on_host(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -101,7 +101,8 @@ def test_a_loss_that_mixes_records_still_sees_one_record_at_a_time():
 def test_a_declared_sensitivity_below_the_computed_bound_is_refused():
     n, clip, lr = 10, 1.0, 0.1
     session, model, params, *_ = _session(GaussianRelease(1.0, 0.5 * 2 * lr * clip / n), n=n)
-    with pytest.raises(PrivacyContractError, match=r"sensitivity 0\.02 .*above the declared 0\.01"):
+    refusal = r"sensitivity 0\.02 .*above the declared 0\.01"
+    with pytest.raises(PrivacyContractError, match=refusal):
         session.get().mean_clipped_gradient(params, _loss(model), clip_norm=clip, scale=lr)
     assert session.receipt().uses[0].count == 0
     # the loss reports are coordinates of the same vector: Θ/n each

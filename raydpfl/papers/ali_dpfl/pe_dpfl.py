@@ -128,16 +128,6 @@ def perturbed_objective(
     return clean + reg_weight * (perturbed - clean)
 
 
-def clip_update(update: Params, clip_norm: float) -> float:
-    """Scales `update` in place to L2 norm ≤ `clip_norm`; returns its norm before."""
-    norm = math.sqrt(sum(float(t.pow(2).sum()) for t in update.values()))
-    if norm > clip_norm:
-        scale = clip_norm / norm
-        for t in update.values():
-            t.mul_(scale)
-    return norm
-
-
 class PeDpfl(UniformCohortAlgorithm):
     """PE-DPFL (see the module docstring: every formula is our assumption).
 

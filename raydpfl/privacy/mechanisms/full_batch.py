@@ -39,7 +39,9 @@ EVAL_CHUNK = 1024
 
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """min(1, C/‖g‖) per record (the 1e-12 keeps a zero gradient's factor finite)."""
+    """min(1, C/‖g‖) per record (the 1e-12 keeps a zero gradient's factor finite). DPFL-BCS's
+    seed rule (§6.5 b), kept beside DP-SGD's `per_sample.dpsgd.clip_weights` (ε = 1e-6) so
+    the full-batch releases keep their bits; both bound every contribution by C."""
     return torch.clamp(clip / (norms + 1e-12), max=1.0)
 
 

@@ -550,6 +550,10 @@ class ClientRecords:
         rows = self._indices[positions]
         return self._x[rows], self._y[rows]
 
+    def _gather_all(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every record of the client, in order (the platform's full-batch releases)."""
+        return self._gather(torch.arange(self.num_examples, device=self.device))
+
 
 class LiveMechanism:
     """A declared mechanism on a worker: it draws the noise and counts invocations. Its
@@ -565,6 +569,17 @@ class LiveMechanism:
     def _note(self, what: str) -> None:
         if self._session is not None:
             self._session._note(what)
+
+    def _bound(self) -> PrivacySession:
+        """The session, bound by the worker to the client's records, model and engine."""
+        session = self._session
+        if session is None or session._records is None:
+            raise PrivacyContractError(
+                f"{self.mechanism.describe()}: this session is not bound to a client's "
+                "records (client halves run on a ClientWorker, or through "
+                "raydpfl.algorithms.base.direct_context in tests)"
+            )
+        return session
 
 
 class OpenInvocation:
@@ -675,16 +690,6 @@ class LiveSubsampledGaussian(OpenInvocation, LiveMechanism):
     @property
     def sampling_rate(self) -> float:
         return self.mechanism.sampling_rate
-
-    def _bound(self) -> PrivacySession:
-        session = self._session
-        if session is None or session._records is None:
-            raise PrivacyContractError(
-                f"{self.mechanism.describe()}: this session is not bound to a client's "
-                "records (client halves run on a ClientWorker, or through "
-                "raydpfl.algorithms.base.direct_context in tests)"
-            )
-        return session
 
     def sample(self) -> SampledBatch:
         """Opens one invocation: a Poisson(q) sample of the client's records, drawn by the
@@ -975,13 +980,8 @@ class LiveRelease(LiveMechanism):
             The released values (`ReleasedMean`): noise is drawn for the loss reports
             first, then for each tensor in order.
         """
-        session = self._session
-        records = None if session is None else session._records
-        if records is None:
-            raise PrivacyContractError(
-                f"{self.mechanism.describe()}: the release is not bound to a client's records "
-                "(the worker binds it; direct calls use raydpfl.algorithms.base.direct_context)"
-            )
+        records = self._bound()._records
+        assert records is not None
         unknown = [p for p in loss_reports if p not in ("start", "after_step")]
         if unknown:
             raise ValueError(
@@ -999,7 +999,7 @@ class LiveRelease(LiveMechanism):
             if loss_bound is None:
                 raise ValueError("loss_reports need loss_bound (the clamp Θ of each loss)")
             bound = _positive(loss_bound, "loss_bound")
-        x, y = records._gather(torch.arange(records.num_examples, device=records.device))
+        x, y = records._gather_all()
         n = int(x.shape[0])
         if n == 0:
             raise PrivacyContractError(
@@ -1055,20 +1055,16 @@ class LiveSelection(LiveMechanism):
         Δ = 100/(n − 1) (add/remove adjacency) and returns only the arg-max."""
         import numpy as np
 
-        session = self._session
-        records = None if session is None else session._records
-        model = None if session is None else session._model
-        if records is None or model is None:
-            raise PrivacyContractError(
-                f"{self.mechanism.describe()}: the selection is not bound to a client's records"
-            )
+        session = self._bound()
+        records, model = session._records, session._model
+        assert records is not None and model is not None  # bound together (`_bind`)
         n = records.num_examples
         if n < 2 or not candidates:
             raise PrivacyContractError(
                 f"{self.mechanism.describe()}: a selection needs >= 2 records and >= 1 "
                 f"candidate (got {n} records, {len(candidates)} candidates)"
             )
-        x, y = records._gather(torch.arange(n, device=records.device))
+        x, y = records._gather_all()
         scores = np.asarray(
             [[full_batch.accuracy_percent(model, params, x, y) for params in candidates]]
         )
