@@ -319,6 +319,137 @@ def test_tau_claim_compares_ali_with_the_best_fixed_tau(rec):
     assert "a tie: within the seed-to-seed spread (std 1.41); τ used: 1, 2" in lines[2]
 
 
+def test_clip_grid_says_whether_a_clip_norm_gives_the_papers_accuracy_and_order(rec):
+    record = _load("record")
+    paper = {"tau1": 80.92, "tau2": 82.15, "tau3": 84.45, "ali": 84.85}
+    torch_mu = "mu_estimator = code_torch"
+
+    def runs(c, method, values, own=""):
+        variant = f"clip_norm = {c}, R_c by rdp (553)" + (f"; {own}" if own else "")
+        return [
+            _row(method=method, variant=variant, seed=s, ours=v, paper_value=paper[method])
+            for s, v in enumerate(values)
+        ]
+
+    rows = [
+        # C = 1: the paper's order, 9-10 points below it
+        *runs(1, "tau1", [71.0, 71.2]), *runs(1, "tau2", [73.0, 73.4]),
+        *runs(1, "tau3", [74.0, 74.4]), *runs(1, "ali", [71.0, 71.2], torch_mu),
+        # C = 3: within 3 points, in the paper's order except ALI-DPFL ties τ = 3
+        *runs(3, "tau1", [80.0, 80.2]), *runs(3, "tau2", [81.0, 81.2]),
+        *runs(3, "tau3", [83.0, 83.2]), *runs(3, "ali", [83.0, 83.2], torch_mu),
+        # C = 10: within 3 points and in the paper's order
+        *runs(10, "tau1", [80.0, 80.2]), *runs(10, "tau2", [81.0, 81.2]),
+        *runs(10, "tau3", [83.0, 83.2]), *runs(10, "ali", [84.0, 84.2], torch_mu),
+        # a clause the grid has no column for, and a not-DP row: both left out
+        *runs(10, "ali", [99.0], "Gamma = 1"),
+        _row(method="tau1", variant="clip_norm = 10, R_c by rdp (553)", seed=5, ours=99.0,
+             dp=False, paper_value=80.92),
+    ]  # fmt: skip
+    lines = record.clip_grid([rec.make_row(**r) for r in rows], gap=3.0)
+    assert lines[0] == (
+        "Table V, dir0.05, ε = 2, R_c by rdp (553): best-round accuracy, "
+        "mean ± std over seeds (n)."
+    )
+    assert lines[2] == (
+        "| C | τ = 1 | τ = 2 | τ = 3 | ALI-DPFL, the authors' PyTorch μ | every method lands "
+        "| the paper's order |"
+    )
+    assert (
+        lines[4]
+        == "| paper | 80.92 | 82.15 | 84.45 | 84.85 | — | τ = 1 < τ = 2 < τ = 3 < ALI-DPFL |"
+    )
+    by_c = {
+        line.split(" | ")[0]: line for line in lines if line.startswith("| ") and line[2].isdigit()
+    }
+    assert by_c["| 1"].endswith(
+        "| no | not kept: τ = 1 = ALI-DPFL, the authors' PyTorch μ < τ = 2 < τ = 3 |"
+    )
+    assert by_c["| 3"].endswith(
+        "| yes | not kept: τ = 1 < τ = 2 < τ = 3 = ALI-DPFL, the authors' PyTorch μ |"
+    )
+    assert by_c["| 10"] == (
+        "| 10 | 80.10 ± 0.14 (n = 2) | 81.10 ± 0.14 (n = 2) | 83.10 ± 0.14 (n = 2) "
+        "| 84.10 ± 0.14 (n = 2) | yes | kept: τ = 1 < τ = 2 < τ = 3 < "
+        "ALI-DPFL, the authors' PyTorch μ |"
+    )
+    assert lines[-2].startswith(
+        "A clip norm that gives both the paper's accuracy and its order: 10."
+    )
+    # a column with a seed the others lack: its pool counts for landing (here its std
+    # covers the gap), but the order is taken over the seeds every column has, and says so
+    extra = _row(method="tau1", variant="clip_norm = 10, R_c by rdp (553)", seed=2, ours=0.0,
+                 paper_value=80.92)  # fmt: skip
+    lines = record.clip_grid([rec.make_row(**r) for r in [*rows, extra]], gap=3.0)
+    ten = next(line for line in lines if line.startswith("| 10 |"))
+    assert ten.startswith("| 10 | 53.40 ± 46.25 (n = 3) |")
+    assert ten.endswith("| yes | kept (seeds 0, 1): τ = 1 < τ = 2 < τ = 3 < "
+                        "ALI-DPFL, the authors' PyTorch μ |")  # fmt: skip
+    # one clip norm is no sweep; and without C = 10 no C gives both
+    assert record.clip_grid([rec.make_row(**r) for r in rows if "= 1," in r["variant"]], 3.0) == []
+    no_ten = [rec.make_row(**r) for r in rows if "= 10," not in r["variant"]]
+    assert "No clip norm run gives both" in record.clip_grid(no_ten, 3.0)[-2]
+
+
+def test_paper_order_is_kept_only_where_every_strict_pair_is():
+    record = _load("record")
+    paper = {"τ = 1": 1.0, "τ = 2": 2.0, "ALI-DPFL, the paper's μ": 3.0}
+    assert record.paper_order_kept(
+        {"τ = 1": 5.0, "τ = 2": 6.0, "ALI-DPFL, the paper's μ": 7.0}, paper
+    )
+    assert not record.paper_order_kept(
+        {"τ = 1": 6.0, "τ = 2": 5.0, "ALI-DPFL, the paper's μ": 7.0}, paper
+    )
+    assert not record.paper_order_kept(
+        {"τ = 1": 5.0, "τ = 2": 6.0, "ALI-DPFL, the paper's μ": 6.0}, paper
+    )
+    assert not record.paper_order_kept({"τ = 1": 5.0}, paper)  # one method has no order
+
+
+def test_a_claim_counts_its_runs_from_reproducible_rows_and_states_what_is_missing(rec):
+    record = _load("record")
+    claim = {
+        "paper": "ali_dpfl",
+        "id": "grid",
+        "claim": "the grid",
+        "runs": {"table": "V", "method": ["tau1", "tau2"], "variant": "v", "seed": [0, 1]},
+        "reason": "two cores",
+    }
+    assert len(record.claim_runs(claim)) == 4
+    rows = [
+        rec.make_row(**_row(method="tau1", variant="v", seed=0)),
+        rec.make_row(**_row(method="tau1", variant="v", seed=1, commit="abc1234+dirty")),
+        rec.make_row(**_row(method="tau2", variant="other", seed=0)),  # not the claim's
+        rec.make_row(**_row(method="tau2", variant="v", seed=0, schedule="reduced")),
+    ]
+    (line,) = record.claim_coverage([claim], rows, {})
+    assert line == (
+        "- **the grid**: 1 of 4 runs recorded; missing: tau1 (seed 1); tau2 (seed 0, 1). two cores"
+    )
+    rows += [
+        rec.make_row(**_row(method=m, variant="v", seed=s))
+        for m, s in (("tau1", 1), ("tau2", 0), ("tau2", 1))
+    ]
+    assert record.claim_coverage([claim], rows, {}) == ["- **the grid**: 4 of 4 runs recorded."]
+    with pytest.raises(ValueError, match="'grid' has 3 run\\(s\\) missing and no 'reason'"):
+        record.claim_coverage([{**claim, "reason": ""}], rows[:1], {})
+    with pytest.raises(ValueError, match="unknown runs field\\(s\\) \\['cell'\\]"):
+        record.claim_runs({**claim, "runs": {"cell": "V"}})
+
+
+def test_every_claim_in_the_committed_record_has_its_runs_or_a_reason():
+    """Issue 52's done-when: each central claim has its rows or a stated reason, counted
+    from the committed rows, and REPRODUCTION.md shows the same counts."""
+    rec, record, prov_m = _load("_record"), _load("record"), _load("_provenance")
+    doc = json.loads((REPRO / "paper_cells.json").read_text())
+    rows = rec.load_rows(rec.DEFAULT_RESULTS)
+    assert {c["paper"] for c in doc["claims"]} == {"ali_dpfl", "fedfdp", "dpfl_bcs", "rc_dpfl"}
+    text = (ROOT / "REPRODUCTION.md").read_text(encoding="utf-8")
+    for claim in doc["claims"]:
+        lines = record.claim_coverage([claim], rows, prov_m.load())  # raises without a reason
+        assert lines[0] in text
+
+
 def test_main_writes_and_checks(rec, tmp_path, capsys):
     record = _load("record")
     cells = tmp_path / "cells.json"
