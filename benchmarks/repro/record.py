@@ -555,12 +555,16 @@ def clip_grid(
 CLAIM_FIELDS = ("table", "setting", "method", "epsilon", "variant", "seed", "source", "dp")
 
 
+def _claim_blocks(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    """A claim's ``runs``: one block of fields, or a list of them."""
+    return claim["runs"] if isinstance(claim["runs"], list) else [claim["runs"]]
+
+
 def claim_runs(claim: dict[str, Any]) -> list[dict[str, Any]]:
     """Every run a claim asks for: the product of its ``runs`` fields' values (a list in
     ``runs`` is expanded, a plain value fixed; ``runs`` may be a list of such blocks)."""
-    blocks = claim["runs"] if isinstance(claim["runs"], list) else [claim["runs"]]
     out: list[dict[str, Any]] = []
-    for block in blocks:
+    for block in _claim_blocks(claim):
         unknown = set(block) - set(CLAIM_FIELDS)
         if unknown:
             raise ValueError(
@@ -604,47 +608,48 @@ def claim_status(
     return wanted, have
 
 
+def claim_line(
+    claim: dict[str, Any], wanted: list[dict[str, Any]], have: list[dict[str, Any]]
+) -> str:
+    """The record's line for one claim, from `claim_status`: runs recorded of runs asked,
+    each missing run named by the fields the claim varies (seeds gathered), and the stated
+    reason. Raises when a run is missing and the claim states no reason."""
+    missing = [w for w in wanted if w not in have]
+    line = f"- **{claim['claim']}**: {len(have)} of {len(wanted)} runs recorded"
+    if not missing:
+        return line + "."
+    if not claim.get("reason"):
+        raise ValueError(
+            f"claim {claim.get('id')!r} has {len(missing)} run(s) missing and no "
+            "'reason': run them, or state why not"
+        )
+    varied = {k for blk in _claim_blocks(claim) for k, v in blk.items() if isinstance(v, list)}
+    groups: dict[tuple, list[Any]] = defaultdict(list)
+    for w in missing:
+        rest = tuple((k, w[k]) for k in w if k in varied and k != "seed")
+        groups[rest].append(w.get("seed"))
+    parts = []
+    for rest, seeds in groups.items():
+        what = ", ".join(
+            (f"{v}" if v else "the paper's configuration")
+            if k == "variant"
+            else f"ε = {_fmt_eps(_eps(v))}"
+            if k == "epsilon"
+            else f"{v}"
+            for k, v in rest
+        )
+        seed_text = ", ".join(str(s) for s in seeds if s is not None)
+        parts.append(what + (f" (seed {seed_text})" if seed_text else ""))
+    return line + f"; missing: {'; '.join(parts)}. {claim['reason']}"
+
+
 def claim_coverage(
     claims: list[dict[str, Any]], rows: list[dict[str, Any]], prov: dict[str, Any]
 ) -> list[str]:
-    """Per claim the paper's issue asks to test: how many of the runs it asks for are in
-    the record from a commit that reproduces them, which are missing, and (required where
-    any is) the stated reason. Raises when a claim with a missing run states none."""
-    out: list[str] = []
-    for claim in claims:
-        wanted, have = claim_status(claim, rows, prov)
-        missing = [w for w in wanted if w not in have]
-        line = f"- **{claim['claim']}**: {len(have)} of {len(wanted)} runs recorded"
-        if missing:
-            if not claim.get("reason"):
-                raise ValueError(
-                    f"claim {claim.get('id')!r} has {len(missing)} run(s) missing and no "
-                    "'reason': run them, or state why not"
-                )
-            # name a missing run by the fields the claim varies, seeds gathered
-            blocks = claim["runs"] if isinstance(claim["runs"], list) else [claim["runs"]]
-            varied = {k for blk in blocks for k, v in blk.items() if isinstance(v, list)}
-            groups: dict[tuple, list[Any]] = defaultdict(list)
-            for w in missing:
-                rest = tuple((k, w[k]) for k in w if k in varied and k != "seed")
-                groups[rest].append(w.get("seed"))
-            parts = []
-            for rest, seeds in groups.items():
-                what = ", ".join(
-                    (f"{v}" if v else "the paper's configuration")
-                    if k == "variant"
-                    else f"ε = {_fmt_eps(_eps(v))}"
-                    if k == "epsilon"
-                    else f"{v}"
-                    for k, v in rest
-                )
-                seed_text = ", ".join(str(s) for s in seeds if s is not None)
-                parts.append(what + (f" (seed {seed_text})" if seed_text else ""))
-            line += f"; missing: {'; '.join(parts)}. {claim['reason']}"
-        else:
-            line += "."
-        out.append(line)
-    return out
+    """Per claim the paper's issue asks to test, its `claim_line`: how many of the runs it
+    asks for are in the record from a commit that reproduces them, which are missing, and
+    (required where any is) the stated reason."""
+    return [claim_line(c, *claim_status(c, rows, prov)) for c in claims]
 
 
 def authors_table(
@@ -841,6 +846,7 @@ def build(
         for note in doc.get("notes", {}).get(paper, []):
             body += [f"> {note}", ""]
         claims = [c for c in doc.get("claims", []) if c["paper"] == paper]
+        statuses = [claim_status(c, prow, prov) for c in claims]
         if claims:
             body += [
                 "### The central claims, tested where they live",
@@ -848,7 +854,7 @@ def build(
                 "The runs issue 52 asks for, counted from the rows (a row no commit "
                 "reproduces does not count); what is missing says why.",
                 "",
-                *claim_coverage(claims, prow, prov),
+                *(claim_line(c, *st) for c, st in zip(claims, statuses, strict=True)),
                 "",
             ]
         # Cells with a published number and our DP run of the paper's configuration.
@@ -1098,7 +1104,6 @@ def build(
                 "",
             ]
         bodies += body
-        statuses = [claim_status(c, prow, prov) for c in claims]
         counts[paper] = {
             **label_counts,
             "tuned": tuned,
