@@ -696,6 +696,77 @@ def authors_table(
     return [*out, ""]
 
 
+def _psi(row: dict[str, Any]) -> float | None:
+    """The Ψ a row recorded in ``extra``, None when it has none (or NaN)."""
+    v = (row.get("extra") or {}).get("psi")
+    return None if v is None or v != v else float(v)
+
+
+def _fmt_psi(values: list[float]) -> str:
+    """Ψ to 3 significant digits: the mean, ± the sample std over two or more seeds."""
+    if len(values) == 1:
+        return f"{values[0]:.3g}"
+    return f"{statistics.fmean(values):.3g} ± {statistics.stdev(values):.3g}"
+
+
+def fairness_table(
+    main: dict[tuple, list[dict[str, Any]]],
+    authors: dict[tuple, list[dict[str, Any]]],
+    paper_of: dict[tuple, dict[str, Any]],
+    definitions: dict[str, str] | None = None,
+) -> list[str]:
+    """Ψ (the p-weighted variance of the clients' losses, FedFDP's fairness metric) beside
+    accuracy for every cell whose rows record one: our full-schedule rows and each
+    authors'-code variant, one row per seed pooled, with the paper's Ψ (``paper_psi`` in a
+    row's ``extra``). Nothing when no row records Ψ. Which losses a pipeline's Ψ is the
+    variance of is stated by ``definitions`` (pipeline → text, ``psi_definitions`` in
+    paper_cells.json); a pipeline with a Ψ and no definition is refused, as two pipelines
+    may measure it on different models and data."""
+    definitions = definitions or {}
+    groups = [(k[:6], "ours", "", v) for k, v in main.items() if k[6] == "full"]
+    groups += [(k[:6], "authors' code", k[6], v) for k, v in authors.items()]
+    lines = []
+    for key, who, variant, rows in sorted(groups, key=lambda g: (str(g[0]), g[1], g[2])):
+        psis = [x for x in (_psi(r) for r in rows) if x is not None]
+        if not psis:
+            continue
+        f = dict(zip(KEY_FIELDS, key, strict=True))
+        same_cell = [r for g in groups if g[0] == key for r in g[3]]
+        paper_psis = [(r.get("extra") or {}).get("paper_psi") for r in same_cell]
+        paper_psi = next((x for x in paper_psis if x), None)
+        published = paper_of.get(key, {}).get("paper_value", rows[0].get("paper_value"))
+        dp = "yes" if all(r.get("dp", True) for r in rows) else "**no**"
+        lines.append(
+            f"| {f['table']} | {_md(f['setting'])} | {f['method']} | {_fmt_eps(f['epsilon'])} "
+            f"| {who} | {_md(variant) or '—'} | {dp} | {_fmt(published)} | {_ours(pool(rows))} "
+            f"| {'—' if paper_psi is None else f'{float(paper_psi):.2g}'} | {_fmt_psi(psis)} |"
+        )
+    if not lines:
+        return []
+    undefined = sorted({line.split(" | ")[4] for line in lines} - set(definitions))
+    if undefined:
+        raise ValueError(
+            f"rows of {undefined} record a Ψ but 'psi_definitions' in paper_cells.json does "
+            "not say which losses it is the variance of"
+        )
+    used = {line.split(" | ")[4] for line in lines}
+    return [
+        "### Ψ beside accuracy",
+        "",
+        "Ψ, the fairness metric (the p-weighted variance of the clients' losses; lower is "
+        "fairer), from every row that records it, beside final accuracy; mean ± std over "
+        "seeds. Which losses each pipeline's Ψ is the variance of:",
+        "",
+        *[f"- {who}: {definitions[who]}" for who in sorted(used)],
+        "",
+        "| table | setting | method | ε | pipeline | variant | DP | paper acc. | acc. "
+        "| paper Ψ | Ψ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *lines,
+        "",
+    ]
+
+
 def differences_table(notes: str | None) -> list[str]:
     """The table of differences between the authors' step and ours, with "DP-valid?" and
     the measured effect of each, copied from the notes file the authors' runner generates
@@ -1006,6 +1077,9 @@ def build(
                 rules,
             )
             body += differences_table(meta.get("differences"))
+        body += fairness_table(
+            main, authors, paper_of, doc["papers"][paper].get("psi_definitions")
+        )
         if nogap:
             body += [
                 "### Runs with no published number",

@@ -296,6 +296,47 @@ def test_authors_code_rows_are_runs_shown_beside_ours_never_pooled(rec):
     assert "source: authors' code" in text  # how each number was made
 
 
+def test_psi_is_tabled_beside_accuracy_for_both_pipelines_with_the_papers(rec):
+    """Every row that records Ψ (``extra.psi``) appears in the Ψ table, pooled per seed
+    with mean ± std, ours and each authors'-code variant on their own line, the paper's Ψ
+    from ``extra.paper_psi`` beside it; rows with no Ψ add no line, and a record with no
+    Ψ has no table."""
+    record = _load("record")
+    authors = dict(source="authors' code", note="re-implemented")
+    rec.append_rows(
+        [
+            _row(seed=0, ours=60.0, extra={"psi": 0.10, "paper_psi": 2.3e7}),
+            _row(seed=1, ours=62.0, extra={"psi": 0.14, "paper_psi": 2.3e7}),
+            _row(seed=0, ours=80.0, dp=False, extra={"psi": 4.0e8}, **authors),
+            _row(seed=0, ours=73.0, variant="noise-free", extra={"psi": 0.83},
+                 **authors),
+            _row(method="tau2", seed=0, ours=70.0),  # no Ψ: no line
+        ]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="psi_definitions"):  # whose Ψ is it?
+        record.render(rec.load_rows(), DOC)
+    doc = json.loads(json.dumps(DOC))
+    doc["papers"]["ali_dpfl"]["psi_definitions"] = {
+        "ours": "global test losses",
+        "authors' code": "local train losses",
+    }
+    text = record.render(rec.load_rows(), doc)
+    assert "### Ψ beside accuracy" in text
+    assert "- authors' code: local train losses" in text
+    table = [line for line in text.splitlines() if "| 2.3e+07 |" in line]
+    assert table == [
+        "| V | dir0.05 | tau1 | 2 | authors' code | — | **no** | 80.92 | 80.00 (n = 1) "
+        "| 2.3e+07 | 4e+08 |",
+        "| V | dir0.05 | tau1 | 2 | authors' code | noise-free | yes | 80.92 "
+        "| 73.00 (n = 1) | 2.3e+07 | 0.83 |",
+        "| V | dir0.05 | tau1 | 2 | ours | — | yes | 80.92 | 61.00 ± 1.41 (n = 2) "
+        "| 2.3e+07 | 0.12 ± 0.0283 |",
+    ]
+    assert "| tau2 | 2 | ours |" not in text
+    plain = record.render([_row(seed=0, ours=60.0)], DOC)  # no Ψ: no table, no refusal
+    assert "Ψ beside accuracy" not in plain
+
+
 def test_tau_claim_compares_ali_with_the_best_fixed_tau(rec):
     record = _load("record")
     budget = "study: R_s = R_c·1/3 at eps = 1.55"
