@@ -37,8 +37,13 @@ def test_pss_is_read_when_the_tree_grows_between_periodic_readings():
 
 
 def test_a_flat_tree_costs_no_extra_pss_reading():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    # The child says when its interpreter has started: on a loaded machine start-up can
+    # outlast several ticks, and its growth would rightly trigger readings.
+    idle = "import sys, time; print('ready', flush=True); time.sleep(1.0)"
+    proc = subprocess.Popen([sys.executable, "-c", idle], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
     with TreeSampler(proc.pid, interval=0.05, pss_every=10**6) as sampler:
         proc.wait(timeout=30)
+    proc.stdout.close()
     # the first tick reads PSS; an idle interpreter's RSS stays within 2% after it
     assert sampler.result.pss_samples <= 3 < sampler.result.samples
