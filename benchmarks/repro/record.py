@@ -725,15 +725,19 @@ def fairness_table(
     definitions = definitions or {}
     groups = [(k[:6], "ours", "", v) for k, v in main.items() if k[6] == "full"]
     groups += [(k[:6], "authors' code", k[6], v) for k, v in authors.items()]
-    lines = []
+    paper_psi_of: dict[tuple, Any] = {}  # cell → the paper's Ψ, from any row of that cell
+    for key, _, _, rows in groups:
+        for r in rows:
+            if (r.get("extra") or {}).get("paper_psi"):
+                paper_psi_of.setdefault(key, r["extra"]["paper_psi"])
+    lines, used = [], set()
     for key, who, variant, rows in sorted(groups, key=lambda g: (str(g[0]), g[1], g[2])):
         psis = [x for x in (_psi(r) for r in rows) if x is not None]
         if not psis:
             continue
+        used.add(who)
         f = dict(zip(KEY_FIELDS, key, strict=True))
-        same_cell = [r for g in groups if g[0] == key for r in g[3]]
-        paper_psis = [(r.get("extra") or {}).get("paper_psi") for r in same_cell]
-        paper_psi = next((x for x in paper_psis if x), None)
+        paper_psi = paper_psi_of.get(key)
         published = paper_of.get(key, {}).get("paper_value", rows[0].get("paper_value"))
         dp = "yes" if all(r.get("dp", True) for r in rows) else "**no**"
         lines.append(
@@ -743,13 +747,12 @@ def fairness_table(
         )
     if not lines:
         return []
-    undefined = sorted({line.split(" | ")[4] for line in lines} - set(definitions))
+    undefined = sorted(used - set(definitions))
     if undefined:
         raise ValueError(
             f"rows of {undefined} record a Ψ but 'psi_definitions' in paper_cells.json does "
             "not say which losses it is the variance of"
         )
-    used = {line.split(" | ")[4] for line in lines}
     return [
         "### Ψ beside accuracy",
         "",
